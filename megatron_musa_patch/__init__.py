@@ -1,0 +1,37 @@
+"""megatron_musa_patch: run stock Megatron-LM / megatron-core on MUSA, CPU and CUDA.
+
+Importing the package activates it (the MT-Megatron convention): do it before importing
+Megatron. ``mmp run`` and ``MEGATRON_MUSA_PATCH=1`` reach the same ``activate()``.
+
+Public API: :func:`activate`, :func:`report`, :func:`deactivate` (tests).
+"""
+
+import os as _os
+import sys as _sys
+
+from .activation import activate, deactivate, is_active  # noqa: F401
+from .errors import MegatronMusaPatchError  # noqa: F401
+
+__all__ = ["activate", "deactivate", "is_active", "report", "MegatronMusaPatchError"]
+
+AUTOACTIVATE_ENV = "MEGATRON_MUSA_PATCH_AUTOACTIVATE"
+
+
+def report():
+    """The patch results of this process (list of PatchResult)."""
+    from .activation import current
+
+    return current().registry.results()
+
+
+def _activate_on_import():
+    try:
+        activate()
+    except MegatronMusaPatchError as exc:
+        # A user error at import time: one paragraph and a non-zero exit, not a traceback.
+        print(exc.render(), file=_sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
+
+
+if _os.environ.get(AUTOACTIVATE_ENV, "1") != "0":
+    _activate_on_import()

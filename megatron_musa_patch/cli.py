@@ -1,0 +1,92 @@
+"""The ``mmp`` command: run | doctor | patches | selftest | data."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import List, Optional
+
+from .errors import MegatronMusaPatchError
+
+USAGE = """mmp <command> [options]
+
+commands:
+  run [torchrun options] SCRIPT [ARGS]   run a training script with the layer active in every rank
+  doctor [--all]                         device, versions, and every patch with its status
+  patches [--json]                       the patch table (machine-readable with --json)
+  selftest [--layout tp2|pp2|dp2|...]    tiny megatron-core GPT on this device, checked against 1 rank
+  data ...                               tokenize, binarize and blend training data
+"""
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "run":
+            from .launch import run
+
+            return run(rest)
+        if command in ("doctor", "patches"):
+            return _doctor(command, rest)
+        if command == "selftest":
+            from .selftest import main as selftest
+
+            return selftest(rest)
+        if command == "data":
+            try:
+                data_cli = importlib.import_module("megatron_musa_patch.data.cli")
+            except ImportError as exc:
+                raise MegatronMusaPatchError(f"`mmp data` is unavailable: {exc}") from exc
+            return data_cli.main(rest)
+    except MegatronMusaPatchError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    print(f"mmp: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def _doctor(command: str, rest: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"mmp {command}")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--all", action="store_true", help="one row per patch (no grouping)")
+    parser.add_argument("--no-import", action="store_true",
+                        help="do not import Megatron's modules (their patches stay deferred)")
+    opts = parser.parse_args(rest)
+
+    from . import activation, table
+
+    state = activation.activate()
+    if not opts.no_import:
+        _import_targets(state)
+    if opts.json:
+        print(json.dumps(table.as_json(state), indent=2))
+    else:
+        if command == "doctor":
+            print(f"memory statistics on this device: {state.device.memory_stats}")
+        print(table.render_table(state, collapse=not opts.all))
+    return 1 if any(r.status == "failed" for r in state.registry.results()) else 0
+
+
+def _import_targets(state) -> None:
+    """Import every module a patch targets, so each row shows applied / skipped / failed."""
+    from . import versions
+
+    for module in sorted({p.module for p in state.registry.patches()}):
+        if module.startswith(("megatron.training", "megatron.legacy")) and versions.lm_path() is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except MegatronMusaPatchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal, for a diagnostic command
+            print(f"mmp: importing {module} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Device selection: ``MEGATRON_MUSA_PATCH_DEVICE=auto|musa|cpu|cuda``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from ..errors import DeviceSelectionError
+from .base import DeviceRow
+from .rows import ROWS
+
+ENV = "MEGATRON_MUSA_PATCH_DEVICE"
+CHOICES = ("auto",) + tuple(ROWS)
+
+
+def requested_device() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise DeviceSelectionError(
+            f"{ENV}={value!r} is not a device this layer knows. Use one of "
+            f"{', '.join(CHOICES)} (auto picks musa when torch_musa imports, else cuda when a "
+            f"CUDA GPU is visible, else cpu)."
+        )
+    return value
+
+
+def builtin_select(requested: str) -> str:
+    """The built-in choice; plugins may answer first through ``mmp_select_device``."""
+    if requested == "auto":
+        if _torch_musa_problem() is None:
+            return "musa"
+        return "cuda" if _cuda_usable() else "cpu"
+    if requested == "musa":
+        problem = _torch_musa_problem()
+        if problem is not None:
+            raise DeviceSelectionError(
+                f"{ENV}=musa but {problem}. Install the torch_musa wheel that matches your torch "
+                f"(Moore Threads MUSA SDK), check MUSA_VISIBLE_DEVICES, or set {ENV}=cpu (or "
+                f"auto) to run without MUSA."
+            )
+    elif requested == "cuda" and not _cuda_usable():
+        raise DeviceSelectionError(
+            f"{ENV}=cuda but torch reports no usable CUDA device (torch {_torch_version()}, "
+            f"CUDA build: {_cuda_build()}). Install a CUDA build of torch, check "
+            f"CUDA_VISIBLE_DEVICES, or set {ENV}=cpu (or auto)."
+        )
+    return requested
+
+
+def row(name: str) -> DeviceRow:
+    return ROWS[name]
+
+
+def _torch_musa_problem():
+    try:
+        importlib.import_module("torch_musa")
+    except ImportError as exc:
+        return f"torch_musa cannot be imported ({exc})"
+    import torch
+
+    musa = getattr(torch, "musa", None)
+    if musa is None or not musa.is_available():
+        return "torch_musa imported but no MUSA device is visible"
+    return None
+
+
+def _cuda_usable() -> bool:
+    import torch
+
+    return bool(torch.version.cuda) and torch.cuda.is_available()
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _cuda_build() -> str:
+    import torch
+
+    return torch.version.cuda or "no"

@@ -1,0 +1,285 @@
+"""Replacements that make torch's CUDA spellings mean the selected device.
+
+Each builder takes the row and the original torch object and returns a plain Python function
+(cheap to call, and traceable by torch.compile, unlike a C-level proxy). The fast path of every
+replacement checks one argument and calls the original.
+
+Which torch names are replaced, and why, is listed as patch records in
+``features/device_swap.py``; this module only knows how.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Iterable
+
+import torch
+
+from ..errors import UnsupportedOnDeviceError
+from .base import DeviceRow, _original_device, cuda_tensor_type_name
+
+#: torch functions that take ``device=`` (and sometimes ``pin_memory=``)
+FACTORY_FUNCTIONS = (
+    "tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn",
+    "randint", "randperm", "normal", "arange", "range", "linspace", "logspace", "eye",
+    "empty_strided", "empty_permuted", "empty_like", "zeros_like", "ones_like", "full_like",
+    "rand_like", "randn_like", "randint_like", "tril_indices", "triu_indices", "from_file",
+    "sparse_coo_tensor", "scalar_tensor", "bartlett_window", "hann_window", "hamming_window",
+    "blackman_window", "kaiser_window",
+)
+
+#: Tensor methods that take ``device=``
+TENSOR_DEVICE_METHODS = (
+    "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided",
+)
+
+#: names of the torch.cuda API Megatron (core + training) uses, mapped through the row's module
+CUDA_API = (
+    "is_available", "is_initialized", "_lazy_init", "_lazy_call", "device_count",
+    "current_device", "set_device", "device", "get_device_name", "get_device_capability",
+    "get_device_properties", "is_bf16_supported", "synchronize", "ipc_collect",
+    "Stream", "ExternalStream", "Event", "current_stream", "default_stream", "set_stream",
+    "stream", "default_generators", "get_rng_state", "get_rng_state_all", "set_rng_state",
+    "set_rng_state_all", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats", "memory_summary", "reset_peak_memory_stats", "reset_max_memory_allocated",
+    "mem_get_info", "empty_cache", "device_memory_used", "utilization", "temperature",
+    "power_draw", "clock_rate", "cudart", "check_error", "CUDAGraph", "graph",
+    "graph_pool_handle", "MemPool", "use_mem_pool", "FloatTensor", "DoubleTensor",
+    "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ByteTensor", "BoolTensor",
+)
+
+#: submodule functions Megatron calls through their full path
+CUDA_SUBMODULE_API = {
+    "torch.cuda.random": ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
+                          "seed", "initial_seed"),
+    "torch.cuda.memory": ("MemPool", "use_mem_pool", "memory_stats", "memory_allocated",
+                          "max_memory_allocated", "memory_reserved", "empty_cache"),
+}
+NVTX_API = ("range_push", "range_pop", "range", "mark")
+
+
+def device_api(row: DeviceRow) -> Dict[str, Any]:
+    """``torch.cuda`` name -> the row's object: the row module's own, a portable fallback from
+    the CPU implementation (nvtx, profiler hooks, telemetry), or a raiser naming the row."""
+    module = row.module()
+    from . import cpu_api
+
+    portable = {"_lazy_call", "_lazy_init", "cudart", "check_error", "utilization",
+                "temperature", "power_draw", "clock_rate", "ipc_collect", "device_memory_used"}
+    api = {}
+    for name in CUDA_API:
+        value = getattr(module, name, None)
+        if value is None and name in portable:
+            value = getattr(cpu_api, name)
+        if value is None:
+            value = _unsupported(row, f"torch.cuda.{name}")
+        api[name] = value
+    return api
+
+
+def nvtx_api(row: DeviceRow) -> Dict[str, Any]:
+    from . import cpu_api
+
+    nvtx = getattr(row.module(), "nvtx", None)
+    return {name: getattr(nvtx, name, None) or getattr(cpu_api.nvtx, name) for name in NVTX_API}
+
+
+def _unsupported(row: DeviceRow, what: str):
+    def raiser(*args, **kwargs):
+        raise UnsupportedOnDeviceError(
+            f"{what} has no counterpart on the {row.name} device (torch.{row.torch_type} lacks "
+            f"it); remove the Megatron flag that needs it."
+        )
+
+    raiser.__name__ = what.rpartition(".")[2]
+    return raiser
+
+
+# ----------------------------------------------------------------------------- factories
+
+
+def factory(row: DeviceRow, original: Callable) -> Callable:
+    """``torch.empty(..., device='cuda')`` etc. on the row's device."""
+    translate = row.translate
+    strip_pin = not row.pinned_memory
+
+    @functools.wraps(original)
+    def factory_on_device(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = translate(kwargs["device"])
+        if strip_pin and kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        return original(*args, **kwargs)
+
+    return factory_on_device
+
+
+def tensor_to(row: DeviceRow, original: Callable) -> Callable:
+    """``Tensor.to('cuda')``, ``.to(0)``, ``.to(torch.device('cuda'))``, ``.to(device=...)``."""
+    translate = row.translate
+    device_type = _original_device()
+
+    def to(self, *args, **kwargs):
+        if args:
+            first = args[0]
+            if type(first) in (str, int) or isinstance(first, device_type):
+                args = (translate(first),) + args[1:]
+        if "device" in kwargs:
+            kwargs["device"] = translate(kwargs["device"])
+        return original(self, *args, **kwargs)
+
+    to.__doc__ = original.__doc__
+    return to
+
+
+def module_to(row: DeviceRow, original: Callable) -> Callable:
+    """``nn.Module.to('cuda')`` and friends."""
+    return functools.wraps(original)(tensor_to(row, original))
+
+
+def tensor_cuda(row: DeviceRow, original: Callable) -> Callable:
+    """``Tensor.cuda(device=None, non_blocking=False, memory_format=...)``."""
+    translate = row.translate
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        target = translate("cuda" if device is None else device)
+        if isinstance(target, int):
+            target = translate(target)
+        return self.to(target, non_blocking=non_blocking, memory_format=memory_format)
+
+    cuda.__doc__ = original.__doc__
+    return cuda
+
+
+def module_cuda(row: DeviceRow, original: Callable) -> Callable:
+    translate = row.translate
+
+    @functools.wraps(original)
+    def cuda(self, device=None):
+        return self.to(translate("cuda" if device is None else device))
+
+    return cuda
+
+
+def tensor_device_method(row: DeviceRow, original: Callable) -> Callable:
+    """``Tensor.new_empty(..., device='cuda')`` and the other ``new_*``."""
+    translate = row.translate
+    strip_pin = not row.pinned_memory
+
+    def new_on_device(self, *args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = translate(kwargs["device"])
+        if strip_pin and kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        return original(self, *args, **kwargs)
+
+    new_on_device.__name__ = getattr(original, "__name__", "new")
+    new_on_device.__doc__ = original.__doc__
+    return new_on_device
+
+
+def tensor_type(row: DeviceRow, original: Callable) -> Callable:
+    """``Tensor.type()`` spells device tensors as CUDA ones (Megatron compares against
+    'torch.cuda.FloatTensor'); ``Tensor.type('torch.cuda.X')`` converts on the row's device."""
+    own_prefix = "torch." if row.torch_type == "cpu" else f"torch.{row.torch_type}."
+    torch_type = row.torch_type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = original(self)
+            if self.device.type == torch_type and name.startswith(own_prefix):
+                return "torch.cuda." + name[len(own_prefix):]
+            return name
+        if isinstance(dtype, str):
+            dtype = cuda_tensor_type_name(dtype, row)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    type_.__doc__ = original.__doc__
+    return type_
+
+
+def tensor_pin_memory(row: DeviceRow, original: Callable) -> Callable:
+    """Without page-locked memory (CPU row) pinning is a no-op: the data is already host data."""
+
+    def pin_memory(self, *args, **kwargs):
+        return self
+
+    pin_memory.__doc__ = original.__doc__
+    return pin_memory
+
+
+def tensor_record_stream(row: DeviceRow, original: Callable) -> Callable:
+    """CPU 'streams' finish their work synchronously: nothing to keep alive."""
+
+    def record_stream(self, stream):
+        if isinstance(stream, torch.Stream):
+            return original(self, stream)
+        return None
+
+    record_stream.__doc__ = original.__doc__
+    return record_stream
+
+
+def is_cuda_property(row: DeviceRow) -> property:
+    """``Tensor.is_cuda`` is True for tensors on the row's accelerator (MUSA)."""
+    torch_type = row.torch_type
+
+    def is_cuda(self):
+        return self.device.type == torch_type
+
+    return property(is_cuda, doc=f"True for tensors on the {row.name} device")
+
+
+class _DeviceMeta(type):
+    """Keeps ``isinstance(x, torch.device)`` true for real devices after the swap."""
+
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, _original_device())
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, _original_device())
+
+
+def device_type(row: DeviceRow):
+    """A ``torch.device`` stand-in whose constructor maps 'cuda' to the row's device.
+
+    Instances are real ``torch.device`` objects; only construction is intercepted."""
+    original = _original_device()
+    translate = row.translate
+
+    class device(metaclass=_DeviceMeta):  # noqa: N801 - mirrors torch.device
+        __doc__ = original.__doc__
+
+        def __new__(cls, type=None, index=None):  # noqa: A002 - torch's parameter name
+            if isinstance(type, original):
+                if index is None:
+                    return translate(type)
+                type = type.type
+            if isinstance(type, str):
+                if index is not None and (type == "cuda"):
+                    return translate(original(type, index))
+                return original(translate(type)) if index is None else original(type, index)
+            if isinstance(type, int):
+                return translate(type)
+            return original(type) if index is None else original(type, index)
+
+    device.__module__ = "torch"
+    device.__qualname__ = "device"
+    device._mmp_original = original
+    return device
+
+
+def autocast_init(row: DeviceRow, original: Callable) -> Callable:
+    """``torch.autocast(device_type='cuda')`` on the row's device."""
+    translate = row.translate
+
+    @functools.wraps(original)
+    def __init__(self, device_type, *args, **kwargs):  # noqa: N807
+        return original(self, translate(device_type), *args, **kwargs)
+
+    return __init__
+
+
+def names_present(owner: Any, names: Iterable[str]):
+    return [n for n in names if hasattr(owner, n)]

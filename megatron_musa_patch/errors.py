@@ -1,0 +1,45 @@
+"""Errors the layer raises on purpose.
+
+Each carries one paragraph a user can act on: what is wrong, the culprit (flag, file, patch or
+variable) and the fix. ``render()`` is what the command line and the excepthook print instead of a
+traceback.
+"""
+
+import textwrap
+
+
+class MegatronMusaPatchError(Exception):
+    """Base class: a problem the user can fix, reported without a traceback."""
+
+    #: exit status used when this error ends the process
+    exit_code = 2
+
+    def render(self) -> str:
+        body = " ".join(str(self).split())
+        return textwrap.fill(
+            f"megatron_musa_patch: error: {body}", width=100, subsequent_indent="  "
+        )
+
+
+class DeviceSelectionError(MegatronMusaPatchError):
+    """MEGATRON_MUSA_PATCH_DEVICE names an unknown device, or one that is not usable here."""
+
+
+class ActivationOrderError(MegatronMusaPatchError):
+    """The layer was activated after Megatron was imported."""
+
+
+class PatchError(MegatronMusaPatchError):
+    """A strict patch could not be applied (target missing, version not verified, ...)."""
+
+
+class FeatureUnavailableError(MegatronMusaPatchError):
+    """A flag asks for a feature whose patches did not apply."""
+
+
+class ArgumentError(MegatronMusaPatchError):
+    """A flag or a combination of flags is invalid."""
+
+
+class UnsupportedOnDeviceError(MegatronMusaPatchError, NotImplementedError):
+    """Megatron asked the device for something it does not have (e.g. CUDA graphs on CPU)."""

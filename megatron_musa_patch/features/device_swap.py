@@ -1,0 +1,202 @@
+"""Device swap: Megatron's CUDA spellings run on the selected device (MUSA or CPU).
+
+Covers the sites listed in design.md: the ``torch.cuda`` API (device queries, streams, events,
+RNG, memory statistics, nvtx), ``device='cuda'`` / ``.cuda()`` / ``torch.device('cuda')`` /
+integer device indices, ``Tensor.type()`` strings, ``.is_cuda`` (MUSA), pinned memory, autocast,
+the RNG tracker, and ``@jit_fuser``. Nothing here is applied on the CUDA row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+
+import torch
+
+from ..device import torch_api
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "device"
+REQUIRED = True
+DESCRIPTION = "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to the selected device"
+
+OFF_CUDA = frozenset({"musa", "cpu"})
+JIT_ENV = "MEGATRON_MUSA_PATCH_JIT"
+
+logger = logging.getLogger("megatron_musa_patch")
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    if not device.rewrites_cuda:
+        registry.extend(_jit_patches(device))
+        return
+    registry.extend(_torch_cuda_patches(device))
+    registry.extend(_device_string_patches(device))
+    registry.extend(_megatron_patches(device))
+    registry.extend(_jit_patches(device))
+
+
+def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
+    return Patch(pid, target, kind, impl, FEATURE, devices=frozenset(devices), strict=True,
+                 why=why, **kw)
+
+
+def _torch_cuda_patches(device):
+    api = torch_api.device_api(device)
+    why = f"torch.cuda.* answers for the {device.name} device"
+    for name, value in api.items():
+        yield _strict(f"device.torch_cuda.{name}", f"torch.cuda:{name}", "attribute", value, why,
+                      create=True)
+    for module, names in torch_api.CUDA_SUBMODULE_API.items():
+        for name in names:
+            yield _strict(f"device.{module[6:]}.{name}", f"{module}:{name}", "attribute",
+                          api[name], why, create=True)
+    for name, value in torch_api.nvtx_api(device).items():
+        yield _strict(f"device.cuda.nvtx.{name}", f"torch.cuda.nvtx:{name}", "attribute", value,
+                      "nvtx ranges are no-ops unless the device has its own", create=True)
+
+
+def _device_string_patches(device):
+    why = f"'cuda' / integer device arguments mean {device.torch_type}"
+    for name in torch_api.names_present(torch, torch_api.FACTORY_FUNCTIONS):
+        yield _strict(f"device.factory.{name}", f"torch:{name}", "replace",
+                      torch_api.factory(device, getattr(torch, name)), why)
+    for name in torch_api.names_present(torch.Tensor, torch_api.TENSOR_DEVICE_METHODS):
+        yield _strict(f"device.tensor.{name}", f"torch:Tensor.{name}", "replace",
+                      torch_api.tensor_device_method(device, getattr(torch.Tensor, name)), why)
+    yield _strict("device.tensor.to", "torch:Tensor.to", "replace",
+                  torch_api.tensor_to(device, torch.Tensor.to), why)
+    yield _strict("device.tensor.cuda", "torch:Tensor.cuda", "replace",
+                  torch_api.tensor_cuda(device, torch.Tensor.cuda), why)
+    yield _strict("device.module.to", "torch.nn:Module.to", "replace",
+                  torch_api.module_to(device, torch.nn.Module.to), why)
+    yield _strict("device.module.cuda", "torch.nn:Module.cuda", "replace",
+                  torch_api.module_cuda(device, torch.nn.Module.cuda), why)
+    yield _strict("device.torch_device", "torch:device", "attribute",
+                  torch_api.device_type(device), "torch.device('cuda') constructs the row's device")
+    yield _strict("device.tensor.type", "torch:Tensor.type", "replace",
+                  torch_api.tensor_type(device, torch.Tensor.type),
+                  "Megatron compares Tensor.type() with 'torch.cuda.FloatTensor' strings")
+    yield _strict("device.autocast", "torch.amp.autocast_mode:autocast.__init__", "replace",
+                  torch_api.autocast_init(device, torch.amp.autocast_mode.autocast.__init__),
+                  why)
+    yield _strict("device.tensor.is_cuda", "torch:Tensor.is_cuda", "attribute",
+                  torch_api.is_cuda_property(device),
+                  "Megatron's .is_cuda gates mean 'on the accelerator'", devices={"musa"})
+    yield _strict("device.tensor.pin_memory", "torch:Tensor.pin_memory", "replace",
+                  torch_api.tensor_pin_memory(device, torch.Tensor.pin_memory),
+                  "no page-locked memory without an accelerator: host data is already host data",
+                  devices={"cpu"})
+    yield _strict("device.dataloader_pin_memory", "torch.utils.data:DataLoader.__init__", "wrap",
+                  _dataloader_without_pinning,
+                  "no page-locked memory without an accelerator (avoids a warning per rank)",
+                  devices={"cpu"})
+    yield _strict("device.tensor.record_stream", "torch:Tensor.record_stream", "replace",
+                  torch_api.tensor_record_stream(device, torch.Tensor.record_stream),
+                  "CPU streams complete synchronously: nothing to keep alive", devices={"cpu"})
+
+
+def _dataloader_without_pinning(wrapped, instance, args, kwargs):
+    kwargs["pin_memory"] = False
+    return wrapped(*args, **kwargs)
+
+
+def _megatron_patches(device):
+    if device.rng_shared_with_host:
+        yield Patch(
+            "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
+            "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE,
+            devices=frozenset({device.name}),
+            why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
+        )
+
+
+# ----------------------------------------------------------------------------- RNG tracker
+
+_RNG_WARNING = "CPU RNG state changed within GPU RNG context"
+
+
+class _DropRngWarning(logging.Filter):
+    def filter(self, record):
+        return record.getMessage() != _RNG_WARNING
+
+
+_RNG_FILTER = _DropRngWarning()
+
+
+def _fork_without_false_warning(wrapped, instance, args, kwargs):
+    """The tracker checks that the host RNG is untouched while the device RNG is forked; on the
+    CPU row they are one generator (dropout must draw from the forked state), so that check is
+    always false there. Drop exactly that record, only while the fork runs."""
+    inner = wrapped(*args, **kwargs)
+    rng_logger = logging.getLogger("megatron.core.tensor_parallel.random")
+
+    @contextlib.contextmanager
+    def fork():
+        rng_logger.addFilter(_RNG_FILTER)
+        try:
+            with inner as value:
+                yield value
+        finally:
+            rng_logger.removeFilter(_RNG_FILTER)
+
+    return fork()
+
+
+# ----------------------------------------------------------------------------- @jit_fuser
+
+
+def jit_mode(device) -> str:
+    value = os.environ.get(JIT_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "compile", "eager"):
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"{JIT_ENV}={value!r}: use auto, compile or eager.")
+    return device.jit_default if value == "auto" else value
+
+
+def _jit_patches(device):
+    mode = jit_mode(device)
+    if mode == "compile" and device.jit_default == "compile" and not device.rewrites_cuda:
+        return  # CUDA with upstream's own choice: nothing to change
+    yield Patch(
+        "device.jit_fuser", "megatron.core.jit:jit_fuser", "attribute",
+        _eager if mode == "eager" else compile_with_fallback, FEATURE,
+        why=f"@jit_fuser = {mode} on {device.name} ({JIT_ENV}=auto|compile|eager)",
+    )
+
+
+def _eager(func):
+    return func
+
+
+def compile_with_fallback(func):
+    """torch.compile, falling back to eager (once, with a warning) if compiling fails."""
+    compiled = torch.compile(func)
+    state = {"fn": compiled}
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        try:
+            return state["fn"](*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only compiler failures are absorbed
+            if state["fn"] is func or not _is_compile_failure(exc):
+                raise
+            logger.warning("megatron_musa_patch: torch.compile failed for %s (%s); running it "
+                           "eagerly", getattr(func, "__qualname__", func), type(exc).__name__)
+            state["fn"] = func
+            return func(*args, **kwargs)
+
+    return call
+
+
+def _is_compile_failure(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    modules = {cls.__module__ for cls in type(exc).__mro__}
+    return bool(names & {"BackendCompilerFailed", "InductorError", "CppCompileError",
+                         "TorchDynamoException", "InvalidCxxCompiler"}) or any(
+        m.startswith(("torch._dynamo", "torch._inductor")) for m in modules)

@@ -1,0 +1,59 @@
+"""Megatron's command line: plugin argument groups and validation.
+
+Wraps ``megatron.training.arguments.parse_args`` so every plugin's ``mmp_add_arguments`` runs
+on Megatron's own parser (after the script's ``extra_args_provider``), and ``validate_args``
+so every plugin's ``mmp_validate_args`` runs before Megatron's checks. The patch table is
+logged on rank 0 once the arguments are parsed: by then Megatron's modules are imported.
+"""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "megatron_args"
+REQUIRED = True
+DESCRIPTION = "plugin argument groups and validation inside Megatron's parse_args/validate_args"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch("megatron_args.parse_args", "megatron.training.arguments:parse_args",
+                       "wrap", _parse_args, FEATURE, strict=True,
+                       why="adds plugin argument groups to Megatron's parser"))
+    registry.add(Patch("megatron_args.validate_args", "megatron.training.arguments:validate_args",
+                       "wrap", _validate_args, FEATURE, strict=True,
+                       why="plugin flag checks run before Megatron's"))
+
+
+def _bind(args, kwargs, names):
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _parse_args(wrapped, instance, args, kwargs):
+    from .. import activation
+
+    call = _bind(args, kwargs, ("extra_args_provider", "ignore_unknown_args"))
+    user_provider = call.get("extra_args_provider")
+
+    def provider(parser):
+        if user_provider is not None:
+            parser = user_provider(parser) or parser
+        activation.current().plugins.hook.mmp_add_arguments(parser=parser)
+        return parser
+
+    call["extra_args_provider"] = provider
+    parsed = wrapped(**call)
+    activation.log_table_once()
+    return parsed
+
+
+def _validate_args(wrapped, instance, args, kwargs):
+    from .. import activation
+
+    state = activation.current()
+    call = _bind(args, kwargs, ("args", "defaults"))
+    state.plugins.hook.mmp_validate_args(args=call["args"], device=state.device)
+    return wrapped(*args, **kwargs)

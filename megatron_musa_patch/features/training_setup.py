@@ -1,0 +1,84 @@
+"""Megatron-LM's start-up steps that assume a CUDA toolchain.
+
+* ``_compile_dependencies`` runs ``make`` for the dataset helpers: skipped when the compiled
+  helpers already import (pip's megatron-core ships them).
+* ``megatron.legacy.fused_kernels.load`` runs ``nvcc -V``: nothing to load off CUDA.
+* ``_warmup_jit_function`` exists to trigger compilation; with an eager ``@jit_fuser`` it only
+  costs time.
+* ``initialize.py`` imports ``batch_invariant_kernels``, which imports triton at module level:
+  without triton a stand-in module is served whose ``enable_batch_invariant_mode`` explains that
+  ``--batch-invariant-mode`` needs triton.
+
+The CUDA assertion, ``set_device`` and the ``device_count() == 0`` gates of ``initialize.py``
+need no patch of their own: the device swap makes ``torch.cuda`` answer for the device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..errors import UnsupportedOnDeviceError
+from ..hookspecs import hookimpl
+from ..registry import Patch
+from .device_swap import jit_mode
+
+FEATURE = "training_setup"
+REQUIRED = True
+DESCRIPTION = "Megatron-LM start-up without make, nvcc or triton where they are not needed"
+
+BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch(
+        "training_setup.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
+        _compile_helpers_if_missing, FEATURE,
+        why="skip `make` when the compiled dataset helpers already import"))
+    registry.add(Patch(
+        "training_setup.fused_kernels_load", "megatron.legacy.fused_kernels:load", "replace",
+        _no_fused_kernels, FEATURE, devices=frozenset({"musa", "cpu"}),
+        why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA"))
+    if jit_mode(device) == "eager":
+        registry.add(Patch(
+            "training_setup.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
+            "replace", _no_jit_warmup, FEATURE,
+            why="@jit_fuser is eager here: the warm-up would compile nothing"))
+    registry.add(Patch(
+        "training_setup.batch_invariant_stand_in", f"{BATCH_INVARIANT}:*", "module",
+        _batch_invariant_stand_in, FEATURE, condition=_triton_missing,
+        why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
+            "initialize.py failing to import"))
+
+
+def _compile_helpers_if_missing(wrapped, instance, args, kwargs):
+    if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
+        return None
+    return wrapped(*args, **kwargs)
+
+
+def _no_fused_kernels(args=None):
+    return None
+
+
+def _no_jit_warmup():
+    return None
+
+
+def _triton_missing():
+    return True if importlib.util.find_spec("triton") is None else "triton is installed"
+
+
+def _batch_invariant_stand_in(module):
+    def enable_batch_invariant_mode(*args, **kwargs):
+        raise UnsupportedOnDeviceError(
+            "--batch-invariant-mode needs Megatron's triton kernels "
+            f"({BATCH_INVARIANT}), and triton is not installed. Install triton for your "
+            "device, or remove --batch-invariant-mode."
+        )
+
+    def is_batch_invariant_mode_enabled():
+        return False
+
+    module.enable_batch_invariant_mode = enable_batch_invariant_mode
+    module.is_batch_invariant_mode_enabled = is_batch_invariant_mode_enabled

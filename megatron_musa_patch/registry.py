@@ -1,0 +1,347 @@
+"""Patch records and their application.
+
+A feature describes what it changes as :class:`Patch` records; the :class:`Registry` decides
+whether each applies (device, feature toggles, condition, verified Megatron version), applies it
+when its target module is imported (wrapt post-import hooks, so import order does not matter),
+and keeps one :class:`PatchResult` row per record for ``mmp doctor``.
+
+Kinds:
+  * ``wrap``      -- ``impl(wrapped, instance, args, kwargs)`` around the target (wrapt).
+  * ``replace``   -- ``impl`` takes the target's place.
+  * ``attribute`` -- ``impl`` is set as the value (``create=True`` allows a new name).
+  * ``module``    -- ``impl(module)`` fills a stand-in for an upstream module that cannot be
+                     imported here (target ``package.module:*``); served only while the real
+                     module has not been imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import wrapt
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from . import versions
+from .errors import PatchError
+
+logger = logging.getLogger("megatron_musa_patch")
+
+KINDS = ("wrap", "replace", "attribute", "module")
+ALL_DEVICES = frozenset({"musa", "cpu", "cuda"})
+APPLIED, DEFERRED, SKIPPED, FAILED = "applied", "deferred", "skipped", "failed"
+
+_MISSING = object()
+_PATH_ERRORS: Tuple[type, ...] = (AttributeError,) + tuple(
+    e for e in (getattr(wrapt, "PathResolutionError", None),) if e is not None
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One change to one upstream object."""
+
+    id: str
+    target: str  # "package.module:Qual.name"
+    kind: str
+    impl: Any
+    feature: str
+    devices: frozenset = ALL_DEVICES
+    #: packaging specifier of the Megatron versions this was verified on; None for non-Megatron
+    #: targets (torch). Defaults to versions.VERIFIED_MEGATRON for ``megatron.*`` targets.
+    megatron: Optional[str] = ""
+    #: returns True to apply, False or a reason string to skip; evaluated at application time
+    condition: Optional[Callable[[], Union[bool, str]]] = None
+    #: a failure raises (device and collective patches): never a half-patched process
+    strict: bool = False
+    create: bool = False
+    #: modules known to hold ``from <target module> import <name>`` copies of the target
+    rebind: Tuple[str, ...] = ()
+    why: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"patch {self.id}: kind must be one of {KINDS}, not {self.kind!r}")
+        if ":" not in self.target:
+            raise ValueError(f"patch {self.id}: target must look like 'module:Qual.name'")
+        if not set(self.devices) <= ALL_DEVICES:
+            raise ValueError(f"patch {self.id}: unknown devices {set(self.devices) - ALL_DEVICES}")
+        if self.megatron == "" and self.module.startswith("megatron"):
+            object.__setattr__(self, "megatron", versions.VERIFIED_MEGATRON)
+        elif self.megatron == "":
+            object.__setattr__(self, "megatron", None)
+        if self.megatron is not None:
+            try:
+                SpecifierSet(self.megatron)
+            except InvalidSpecifier as exc:
+                raise ValueError(f"patch {self.id}: bad version range {self.megatron!r}") from exc
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.target.split(":", 1)[1]
+
+
+@dataclasses.dataclass
+class PatchResult:
+    id: str
+    target: str
+    feature: str
+    kind: str
+    status: str
+    reason: str = ""
+    strict: bool = False
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Undo:
+    parent: Any
+    attribute: str
+    previous: Any  # raw value from the parent's __dict__, or _MISSING if inherited/absent
+    rebinds: List[Tuple[Any, str, Any]]
+
+
+class Registry:
+    """Holds records, applies them on import, reports, and can undo them (for tests)."""
+
+    def __init__(self, device: str, disabled_features: Iterable[str] = (), allow_unverified=None):
+        self.device = device
+        self.disabled_features = set(disabled_features)
+        if allow_unverified is None:
+            allow_unverified = os.environ.get("MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED", "") == "1"
+        self.allow_unverified = allow_unverified
+        self.active = False
+        #: rebind copies in every loaded megatron module (activation after Megatron was imported)
+        self.scan_for_copies = False
+        self._patches: Dict[str, Patch] = {}
+        self._results: Dict[str, PatchResult] = {}
+        self._undo: Dict[str, _Undo] = {}
+        self._hooked_modules: set = set()
+
+    # ------------------------------------------------------------------ records
+    def add(self, patch: Patch) -> None:
+        if patch.id in self._patches:
+            raise ValueError(f"patch id {patch.id!r} registered twice")
+        self._patches[patch.id] = patch
+        self._set(patch, DEFERRED, f"waiting for `import {patch.module}`")
+        if self.active:
+            self._schedule(patch)
+
+    def extend(self, patches: Iterable[Patch]) -> None:
+        for patch in patches:
+            self.add(patch)
+
+    def patches(self) -> List[Patch]:
+        return list(self._patches.values())
+
+    # ------------------------------------------------------------------ applying
+    def activate(self) -> None:
+        """Apply what can be applied now; hook the imports of the rest. Idempotent."""
+        if self.active:
+            return
+        self.active = True
+        for patch in list(self._patches.values()):
+            self._schedule(patch)
+
+    def _schedule(self, patch: Patch) -> None:
+        reason = self._gate(patch)
+        if reason is not None:
+            self._set(patch, SKIPPED, reason)
+            return
+        problem = self._version_problem(patch)
+        if problem is not None:
+            self._fail(patch, problem)
+            return
+        if patch.kind == "module":
+            self._install_stand_in(patch)
+        elif patch.module in sys.modules:
+            self._apply(patch, sys.modules[patch.module])
+        elif patch.module not in self._hooked_modules:
+            self._hooked_modules.add(patch.module)
+            wrapt.register_post_import_hook(self._on_import, patch.module)
+
+    def _on_import(self, module) -> None:
+        if not self.active:
+            return
+        for patch in list(self._patches.values()):
+            if patch.module == module.__name__ and self._results[patch.id].status == DEFERRED:
+                self._apply(patch, module)
+
+    def _gate(self, patch: Patch) -> Optional[str]:
+        """Why the patch is not to be applied here, or None."""
+        if self.device not in patch.devices:
+            return f"not needed on {self.device} (applies on {', '.join(sorted(patch.devices))})"
+        if patch.feature in self.disabled_features:
+            return f"feature '{patch.feature}' switched off (MEGATRON_MUSA_PATCH_DISABLE/ONLY)"
+        return None
+
+    def _version_problem(self, patch: Patch) -> Optional[str]:
+        if patch.megatron is None or self.allow_unverified:
+            return None
+        installed = versions.version_for_target(patch.module)
+        if installed is None:
+            return None  # nothing installed to check; a missing module simply stays deferred
+        if installed in SpecifierSet(patch.megatron, prereleases=True):
+            return None
+        which = "megatron-core" if patch.module.startswith("megatron.core") else "Megatron-LM"
+        return (
+            f"patch '{patch.id}' (feature '{patch.feature}') was verified on {which} "
+            f"{patch.megatron} but {installed} is installed; install a verified version, or set "
+            f"MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try it anyway"
+        )
+
+    def _apply(self, patch: Patch, module) -> None:
+        if patch.id in self._undo:
+            return
+        if patch.condition is not None:
+            verdict = patch.condition()
+            if verdict is not True:
+                self._set(patch, SKIPPED, verdict if isinstance(verdict, str) else "condition false")
+                return
+        try:
+            parent, attribute, original = self._resolve(module, patch)
+        except _PATH_ERRORS as exc:
+            installed = versions.version_for_target(patch.module)
+            self._fail(
+                patch,
+                f"patch '{patch.id}' (feature '{patch.feature}'): target {patch.target} does not "
+                f"exist in the installed Megatron ({installed or 'version unknown'}; verified on "
+                f"{patch.megatron or 'any'}): {exc}. Upstream renamed or removed it; pin a "
+                f"verified Megatron version or switch the feature off with "
+                f"MEGATRON_MUSA_PATCH_DISABLE={patch.feature}",
+            )
+            return
+        if patch.kind == "wrap":
+            if not callable(original) and not hasattr(original, "__get__"):
+                self._fail(patch, f"patch '{patch.id}': {patch.target} is not callable")
+                return
+            new = wrapt.FunctionWrapper(original, patch.impl)
+        else:
+            new = patch.impl
+        previous = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
+        setattr(parent, attribute, new)
+        rebinds = self._rebind(patch, original, new) if original is not _MISSING else []
+        self._undo[patch.id] = _Undo(parent, attribute, previous, rebinds)
+        self._set(patch, APPLIED, patch.why)
+        logger.debug("applied %s on %s", patch.id, patch.target)
+
+    def _install_stand_in(self, patch: Patch) -> None:
+        if patch.condition is not None:
+            verdict = patch.condition()
+            if verdict is not True:
+                self._set(patch, SKIPPED, verdict if isinstance(verdict, str) else "condition false")
+                return
+        if patch.module in sys.modules:
+            self._set(patch, SKIPPED, f"{patch.module} is already imported: no stand-in needed")
+            return
+        finder = _StandInFinder(patch.module, patch.impl)
+        sys.meta_path.insert(0, finder)
+        self._undo[patch.id] = _Undo(sys.meta_path, "", finder, [])
+        self._set(patch, APPLIED, patch.why)
+
+    @staticmethod
+    def _resolve(module, patch: Patch):
+        *owner_path, attribute = patch.qualname.split(".")
+        parent = module
+        for name in owner_path:
+            parent = getattr(parent, name)
+        if patch.create:
+            return parent, attribute, getattr(parent, attribute, _MISSING)
+        return wrapt.resolve_path(parent, attribute)
+
+    def _rebind(self, patch: Patch, original, new) -> List[Tuple[Any, str, Any]]:
+        names = list(patch.rebind)
+        if self.scan_for_copies:
+            names += [n for n in list(sys.modules) if n.startswith("megatron.") or n == "__main__"]
+        done = []
+        for name in dict.fromkeys(names):
+            mod = sys.modules.get(name)
+            if mod is None or mod.__name__ == patch.module:
+                continue
+            for key, value in list(vars(mod).items()):
+                if value is original:
+                    setattr(mod, key, new)
+                    done.append((mod, key, original))
+        return done
+
+    def _fail(self, patch: Patch, reason: str) -> None:
+        self._set(patch, FAILED, reason)
+        if patch.strict:
+            raise PatchError(reason)
+        logger.warning("megatron_musa_patch: %s", reason)
+
+    def _set(self, patch: Patch, status: str, reason: str) -> None:
+        self._results[patch.id] = PatchResult(
+            patch.id, patch.target, patch.feature, patch.kind, status, reason, patch.strict
+        )
+
+    # ------------------------------------------------------------------ undo
+    def unpatch(self, ids: Optional[Iterable[str]] = None) -> None:
+        """Undo applied patches (all by default), newest first. For tests."""
+        chosen = list(self._undo) if ids is None else [i for i in ids if i in self._undo]
+        for patch_id in reversed(chosen):
+            undo = self._undo.pop(patch_id)
+            if isinstance(undo.previous, _StandInFinder):
+                undo.previous.remove()
+                self._set(self._patches[patch_id], DEFERRED, "unpatched")
+                continue
+            for mod, key, old in undo.rebinds:
+                setattr(mod, key, old)
+            if undo.previous is _MISSING:
+                try:
+                    delattr(undo.parent, undo.attribute)
+                except AttributeError:
+                    pass
+            else:
+                setattr(undo.parent, undo.attribute, undo.previous)
+            self._set(self._patches[patch_id], DEFERRED, "unpatched")
+        if ids is None:
+            self.active = False
+
+    # ------------------------------------------------------------------ reporting
+    def results(self) -> List[PatchResult]:
+        return [self._results[i] for i in self._patches]
+
+    def result(self, patch_id: str) -> PatchResult:
+        return self._results[patch_id]
+
+    def feature_problems(self, feature: str) -> List[str]:
+        """Reasons the feature's patches failed (empty: usable as far as patches go)."""
+        return [r.reason for r in self.results() if r.feature == feature and r.status == FAILED]
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves one stand-in module by name (kind ``module``)."""
+
+    def __init__(self, name: str, fill: Callable):
+        self.name = name
+        self.fill = fill
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin="megatron_musa_patch stand-in")
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        self.fill(module)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        module = sys.modules.get(self.name)
+        if module is not None and getattr(module.__spec__, "loader", None) is self:
+            del sys.modules[self.name]

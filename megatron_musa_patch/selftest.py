@@ -1,0 +1,103 @@
+"""``mmp selftest``: check an installation on this device with megatron-core alone.
+
+Trains a tiny GPT for a few steps on 1 rank (the reference), then in each requested layout on
+2 ranks under torchrun, from the same initial weights and batches, and checks that the loss
+falls and that every layout's per-step loss matches the reference within a tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+#: layout name -> worker flags; each runs on 2 ranks
+LAYOUTS: Dict[str, List[str]] = {
+    "tp2": ["--tp", "2"],
+    "pp2": ["--pp", "2"],
+    "vpp2": ["--pp", "2", "--vpp", "2"],
+    "dp2": [],
+    "dp2-distopt": ["--distributed-optimizer"],
+}
+DEFAULT_LAYOUTS = ("tp2", "pp2", "dp2-distopt")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="mmp selftest", description=__doc__)
+    p.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS),
+                   help=f"comma-separated, from {', '.join(LAYOUTS)} (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="largest allowed |loss - reference loss| per step (fp32)")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--keep", help="keep the run directory here (default: a temporary one)")
+    return p.parse_args(argv)
+
+
+def run_worker(nproc: int, flags: List[str], out: str, workdir: str) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "megatron_musa_patch.selftest_worker",
+           *flags, "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.pop("MEGATRON_MUSA_PATCH_AUTOACTIVATE", None)
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        raise RuntimeError(f"{' '.join(flags) or 'reference'} failed (exit {proc.returncode}):\n"
+                           f"{tail}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main(argv=None) -> int:
+    opts = parse(sys.argv[1:] if argv is None else argv)
+    layouts = [name.strip() for name in opts.layouts.split(",") if name.strip()]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        print(f"mmp selftest: unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}",
+              file=sys.stderr)
+        return 2
+    workdir = opts.keep or tempfile.mkdtemp(prefix="mmp-selftest-")
+    os.makedirs(workdir, exist_ok=True)
+    common = ["--steps", str(opts.steps)]
+    init = os.path.join(workdir, "init")
+    try:
+        ref = run_worker(1, common + ["--save-init", init],
+                         os.path.join(workdir, "reference.json"), workdir)
+    except RuntimeError as exc:
+        print(f"mmp selftest: {exc}", file=sys.stderr)
+        return 1
+    print(ref["patch_table"])
+    print(f"\nreference (1 rank, {ref['device']}): losses "
+          + " ".join(f"{x:.6f}" for x in ref["losses"]))
+    results = {"device": ref["device"], "reference": ref["losses"], "layouts": {}}
+    failed = []
+    if not ref["losses"][-1] < ref["losses"][0]:
+        failed.append("reference loss did not fall")
+    for name in layouts:
+        try:
+            res = run_worker(2, common + ["--load-init", init] + LAYOUTS[name],
+                             os.path.join(workdir, f"{name}.json"), workdir)
+        except RuntimeError as exc:
+            print(f"{name:12} FAILED\n{exc}")
+            failed.append(name)
+            results["layouts"][name] = {"error": str(exc)}
+            continue
+        diff = max(abs(a - b) for a, b in zip(res["losses"], ref["losses"]))
+        ok = diff <= opts.tolerance and len(res["losses"]) == len(ref["losses"])
+        print(f"{name:12} {'ok    ' if ok else 'MISMATCH'} max |loss - reference| = {diff:.2e} "
+              f"(tolerance {opts.tolerance:.0e}); losses "
+              + " ".join(f"{x:.6f}" for x in res["losses"]))
+        results["layouts"][name] = {"losses": res["losses"], "max_abs_diff": diff, "ok": ok}
+        if not ok:
+            failed.append(name)
+    results["ok"] = not failed
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print("\nselftest " + ("passed" if not failed else f"FAILED: {', '.join(failed)}"))
+    return 0 if not failed else 1

@@ -1,0 +1,64 @@
+"""The patch table: ``mmp doctor``, ``mmp patches`` and the rank-0 log line."""
+
+from __future__ import annotations
+
+import collections
+from typing import List
+
+from . import versions
+from .registry import APPLIED, DEFERRED, FAILED, SKIPPED, PatchResult
+
+_ORDER = {FAILED: 0, SKIPPED: 1, DEFERRED: 2, APPLIED: 3}
+
+
+def header(state) -> str:
+    v = versions.summary()
+    return (
+        f"megatron_musa_patch {v['megatron_musa_patch'] or '(source)'} | device "
+        f"{state.device.name} (torch '{state.device.torch_type}', collectives "
+        f"{state.device.backend}) | torch {v['torch']} | megatron-core {v['megatron-core']} | "
+        f"Megatron-LM {v['Megatron-LM']}"
+    )
+
+
+def grouped(rows: List[PatchResult]) -> List[PatchResult]:
+    """One row per (id prefix, status) when a feature patches many sibling names alike."""
+    groups = collections.OrderedDict()
+    for row in rows:
+        prefix = row.id.rsplit(".", 1)[0]
+        groups.setdefault((prefix, row.status, row.reason), []).append(row)
+    out = []
+    for (prefix, status, reason), members in groups.items():
+        if len(members) < 4:
+            out.extend(members)
+            continue
+        module = members[0].target.split(":", 1)[0]
+        out.append(PatchResult(f"{prefix}.* ({len(members)})", f"{module}:*", members[0].feature,
+                               members[0].kind, status, reason, members[0].strict))
+    return out
+
+
+def render_table(state, collapse: bool = True) -> str:
+    rows = state.registry.results()
+    counts = collections.Counter(r.status for r in rows)
+    shown = grouped(rows) if collapse else rows
+    shown = sorted(shown, key=lambda r: (r.feature != "device", r.feature, _ORDER[r.status]))
+    width_id = max([len(r.id) for r in shown] + [5])
+    width_target = min(max([len(r.target) for r in shown] + [6]), 72)
+    lines = [header(state),
+             "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, DEFERRED, SKIPPED,
+                                                                    FAILED)),
+             f"{'status':8} {'patch':{width_id}} {'target':{width_target}} reason"]
+    for r in shown:
+        target = r.target if len(r.target) <= width_target else "..." + r.target[-width_target + 3:]
+        lines.append(f"{r.status:8} {r.id:{width_id}} {target:{width_target}} {r.reason}")
+    return "\n".join(lines)
+
+
+def as_json(state) -> dict:
+    return {
+        "device": {"name": state.device.name, "torch_type": state.device.torch_type,
+                   "backend": state.device.backend, "memory_stats": state.device.memory_stats},
+        "versions": versions.summary(),
+        "patches": [r.as_dict() for r in state.registry.results()],
+    }

@@ -1,0 +1,32 @@
+"""What ``mmp run`` starts in every rank: activate, then run the user's script as ``__main__``.
+
+``python -m megatron_musa_patch.worker --script PATH ARGS...`` or ``--module NAME ARGS...``.
+"""
+
+import os
+import runpy
+import sys
+
+import megatron_musa_patch  # noqa: F401 - importing activates (a user error exits cleanly)
+from megatron_musa_patch.activation import order_sys_path
+
+
+def main(argv):
+    mode, target, *rest = argv
+    if mode == "--module":
+        sys.argv = [target, *rest]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    path = os.path.abspath(target)
+    sys.argv = [path, *rest]
+    # the script's own imports (gpt_builders, model_provider) resolve from its directory, which
+    # goes after site-packages so a checkout's megatron/core does not shadow pip's
+    script_dir = os.path.dirname(path)
+    if script_dir not in sys.path:
+        sys.path.append(script_dir)
+    order_sys_path()
+    runpy.run_path(path, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
