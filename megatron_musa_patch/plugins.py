@@ -2,11 +2,14 @@
 
 ``MEGATRON_MUSA_PATCH_DISABLE=a,b`` switches features off; ``MEGATRON_MUSA_PATCH_ONLY=a,b``
 keeps only those optional features (required ones stay on unless disabled by name);
-``MEGATRON_MUSA_PATCH_BLOCK_PLUGINS=x`` stops an installed external plugin from loading.
+(``ONLY=none``: required ones alone); ``MEGATRON_MUSA_PATCH_BLOCK_PLUGINS=x`` stops an
+installed external plugin from loading; ``MEGATRON_MUSA_PATCH_PLUGINS=pkg.mod`` registers a
+plugin module by name without packaging it (development, tests).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Iterable, List, Set
 
@@ -44,6 +47,14 @@ def make_manager(builtins: Iterable = None, load_entry_points: bool = True) -> p
         pm.register(module, name=module.FEATURE)
     if load_entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for name in env_list("MEGATRON_MUSA_PATCH_PLUGINS"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ArgumentError(
+                f"MEGATRON_MUSA_PATCH_PLUGINS names {name!r}, which cannot be imported ({exc}); "
+                f"fix the module name or PYTHONPATH.") from exc
+        pm.register(module, name=getattr(module, "FEATURE", name))
     return pm
 
 
@@ -55,14 +66,15 @@ def disabled_features(pm: pluggy.PluginManager) -> Set[str]:
     """Features the toggles switch off; unknown names are an error (a typo would be silent)."""
     known = set(feature_names(pm))
     disabled = set(env_list("MEGATRON_MUSA_PATCH_DISABLE"))
-    only = set(env_list("MEGATRON_MUSA_PATCH_ONLY"))
+    only = set(env_list("MEGATRON_MUSA_PATCH_ONLY")) - {"none"}
+    only_set = bool(env_list("MEGATRON_MUSA_PATCH_ONLY"))
     unknown = (disabled | only) - known
     if unknown:
         raise ArgumentError(
             f"MEGATRON_MUSA_PATCH_DISABLE/ONLY name unknown features {sorted(unknown)}; known "
             f"features: {', '.join(sorted(known))}."
         )
-    if only:
+    if only_set:
         for name, plugin in pm.list_name_plugin():
             if name in known and name not in only and not getattr(plugin, "REQUIRED", False):
                 disabled.add(name)

@@ -73,6 +73,7 @@ def build_model(opts, pre_process, post_process, vp_stage=None):
         # each rank's send_prev/send_next with the peer's recvs in posting order
         overlap_p2p_comm=opts.vpp is not None,
         batch_p2p_comm=opts.vpp is None,
+        deallocate_pipeline_outputs=True,  # as Megatron-LM sets it
     )
     model = GPTModel(
         config=config,

@@ -41,6 +41,8 @@ class DeviceRow:
     jit_default: str = "compile"
     #: what memory statistics mean on this row (shown by mmp doctor)
     memory_stats: str = "device allocator"
+    #: torch.cuda name -> the row module's own name for it (MUSA: CUDAGraph -> MUSAGraph)
+    api_aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def module(self) -> Any:
         return self.load_module()

@@ -31,6 +31,7 @@ MUSA = DeviceRow(
     load_module=_torch_musa_module,
     backend_alias="mccl",
     jit_default="eager",  # torch.compile on MUSA depends on the torch_musa build: opt in
+    api_aliases={"CUDAGraph": "MUSAGraph"},
 )
 
 CPU = DeviceRow(

@@ -69,7 +69,7 @@ def device_api(row: DeviceRow) -> Dict[str, Any]:
                 "temperature", "power_draw", "clock_rate", "ipc_collect", "device_memory_used"}
     api = {}
     for name in CUDA_API:
-        value = getattr(module, name, None)
+        value = getattr(module, row.api_aliases.get(name, name), None)
         if value is None and name in portable:
             value = getattr(cpu_api, name)
         if value is None:

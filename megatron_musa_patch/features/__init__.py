@@ -5,6 +5,6 @@ and collective plumbing that every run needs) and ``DESCRIPTION``, and implement
 ``hookspecs.py`` it needs.
 """
 
-from . import collectives, device_swap, megatron_args, no_te_fixes, training_setup
+from . import collectives, device_swap, megatron_args, upstream_fixes, training_setup
 
-BUILTIN = (device_swap, collectives, megatron_args, training_setup, no_te_fixes)
+BUILTIN = (device_swap, collectives, megatron_args, training_setup, upstream_fixes)

@@ -7,6 +7,7 @@ Megatron's backend-string checks pick the device path, as they do on CUDA.
 
 from __future__ import annotations
 
+import atexit
 import functools
 
 from ..hookspecs import hookimpl
@@ -31,6 +32,13 @@ def mmp_register_patches(registry, device):
     registry.add(Patch("collectives.new_group", "torch.distributed:new_group", "wrap",
                        functools.partial(_with_backend, device), FEATURE, devices=devices,
                        strict=True, why=why))
+    if device.torch_type == "cpu":
+        registry.add(Patch("collectives.isend_private_copy",
+                           "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
+                           FEATURE, devices=frozenset({"cpu"}), strict=True,
+                           rebind=("torch.distributed",),
+                           why="gloo reads a send buffer until the send completes; Megatron "
+                               "frees pipeline outputs right after isend (stream-ordered on GPUs)"))
     if device.backend_alias:
         registry.add(Patch("collectives.get_backend", "torch.distributed:get_backend", "wrap",
                            functools.partial(_get_backend, device), FEATURE,
@@ -56,6 +64,28 @@ def _init_process_group(device, wrapped, instance, args, kwargs):
         device_id = device.translate(kwargs["device_id"])
         # binding a process group to a device only exists for accelerator backends
         kwargs["device_id"] = None if device.torch_type == "cpu" else device_id
+    result = wrapped(*args, **kwargs)
+    if kwargs["backend"] == "gloo":
+        atexit.register(_destroy_if_initialized)
+    return result
+
+
+def _destroy_if_initialized():
+    """A gloo group left alive at interpreter exit aborts the process ('terminate called
+    without an active exception') when a peer has already gone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _isend_copy(wrapped, instance, args, kwargs):
+    """Send a private copy: the returned work owns it until the send is done, whatever the
+    caller does to its own tensor (``deallocate_output_tensor`` swaps its storage)."""
+    if args:
+        args = (args[0].clone(),) + args[1:]
+    else:
+        kwargs["tensor"] = kwargs["tensor"].clone()
     return wrapped(*args, **kwargs)
 
 

@@ -1,0 +1,137 @@
+"""Upstream bugs on paths NVIDIA's own setups rarely take (every device, CUDA included).
+
+Without TransformerEngine / Apex:
+
+* ``CheckpointWithoutOutput(fp8=False)`` sets ``self.fp8 = fp8 is not None`` (True), so its
+  forward takes the fp8 branch and hits ``FP8GlobalStateManager`` (NameError without TE).
+* ``moe_utils`` imports ``te_general_gemm`` only inside its TE ``try`` and then tests
+  ``te_general_gemm is not None`` (NameError without TE).
+* ``OptimizerConfig.__post_init__`` calls ``is_te_min_version`` for the precision-aware
+  optimizer; without TE that compares ``None`` with a version (TypeError).
+* ``DistributedOptimizer.state_dict`` without Apex/TE reads ``step`` from the torch optimizer's
+  per-parameter state, which torch creates at the first step: loading a checkpoint (which builds
+  the state-dict template first) fails with a bare AssertionError; its ``load_state_dict``
+  then gives every parameter *one shared* ``step`` tensor (torch's Adam increments it once
+  per parameter per step), and the parameter-state copy overwrites its value: after loading,
+  each parameter gets its own ``step`` holding the checkpoint's value.
+
+With the fp32 distributed optimizer:
+
+* its main parameters are views of the (grad-requiring) model parameters, so loading a
+  checkpoint's parameter state with ``copy_`` fails ("a view of a leaf Variable that requires
+  grad is being used in an in-place operation"): the copy runs under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "upstream_fixes"
+REQUIRED = False
+DESCRIPTION = "fixes for upstream bugs without TE/Apex and in fp32 distributed-optimizer resume"
+
+
+def _te_missing():
+    return True if importlib.util.find_spec("transformer_engine") is None else "TE is installed"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch(
+        "upstream.checkpoint_without_output_fp8",
+        "megatron.core.tensor_parallel.random:CheckpointWithoutOutput.__init__", "wrap",
+        _checkpoint_without_output_init, FEATURE, condition=_te_missing,
+        why="fp8=False/None means no fp8; without TE there is no fp8 at all"))
+    registry.add(Patch(
+        "upstream.moe_te_general_gemm", "megatron.core.transformer.moe.moe_utils:te_general_gemm",
+        "attribute", None, FEATURE, create=True, condition=_moe_utils_lacks_gemm,
+        why="define the name the router tests for (None: use torch.mm)"))
+    registry.add(Patch(
+        "upstream.distopt_state_dict_before_first_step",
+        "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.state_dict", "wrap",
+        _state_dict_before_first_step, FEATURE, condition=_distopt_without_apex_or_te,
+        why="checkpoint loading asks for the state dict before any step: step 0"))
+    registry.add(Patch(
+        "upstream.distopt_load_state_dict_steps",
+        "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.load_state_dict", "wrap",
+        _load_state_dict_with_own_steps, FEATURE, condition=_distopt_without_apex_or_te,
+        why="one step tensor per parameter, holding the checkpoint's step"))
+    registry.add(Patch(
+        "upstream.distopt_load_param_state_no_grad",
+        "megatron.core.optimizer.distrib_optimizer:"
+        "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _without_grad,
+        FEATURE, why="fp32 main params are views of grad-requiring params: copy without autograd"))
+    registry.add(Patch(
+        "upstream.optimizer_config_te_version",
+        "megatron.core.optimizer.optimizer_config:is_te_min_version", "wrap",
+        _false_without_te, FEATURE, condition=_te_missing,
+        why="no TE means no TE version is new enough"))
+
+
+def _distopt_without_apex_or_te():
+    module = sys.modules.get("megatron.core.optimizer.distrib_optimizer")
+    if module is not None and getattr(module, "HAVE_APEX_OR_TE", True):
+        return "Apex or TE is installed"
+    return True
+
+
+_NO_STEP_YET = "_mmp_no_step_yet"
+
+
+def _state_dict_before_first_step(wrapped, instance, args, kwargs):
+    """Before the first step the torch optimizer has no state: record step 0 through a
+    placeholder entry (non-tensor keys pass through torch's state_dict unchanged)."""
+    inner = instance.optimizer
+    if inner.state:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    inner.state[_NO_STEP_YET] = {"step": torch.tensor(0.0)}
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        inner.state.pop(_NO_STEP_YET, None)
+
+
+def _load_state_dict_with_own_steps(wrapped, instance, args, kwargs):
+    state_dict = kwargs.get("state_dict", args[0] if args else None)
+    result = wrapped(*args, **kwargs)
+    groups = state_dict.get("optimizer", {}).get("param_groups", []) if state_dict else []
+    steps = {g["step"] for g in groups if g.get("step") is not None}
+    if len(steps) == 1:
+        import torch
+
+        step = float(steps.pop())
+        for param_state in instance.optimizer.state.values():
+            if "step" in param_state:
+                param_state["step"] = torch.tensor(step, dtype=torch.float32)
+    return result
+
+
+def _without_grad(wrapped, instance, args, kwargs):
+    import torch
+
+    with torch.no_grad():
+        return wrapped(*args, **kwargs)
+
+
+def _checkpoint_without_output_init(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    fp8 = kwargs.get("fp8", args[0] if args else False)
+    module = sys.modules["megatron.core.tensor_parallel.random"]
+    instance.fp8 = bool(getattr(module, "HAVE_TE", False)) and fp8 not in (None, False)
+
+
+def _moe_utils_lacks_gemm():
+    module = sys.modules.get("megatron.core.transformer.moe.moe_utils")
+    if module is not None and "te_general_gemm" in vars(module):
+        return "moe_utils defines te_general_gemm"
+    return True
+
+
+def _false_without_te(wrapped, instance, args, kwargs):
+    return False

@@ -1,0 +1,69 @@
+"""Runs the stock Megatron-LM ``pretrain_gpt.py`` on CPU ranks through one activation route and
+returns the per-iteration losses from its log. Shared by the stock tests and the benchmarks."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
+TIME = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)")
+
+# A tiny GPT that any laptop trains in seconds. Dropout off and CPU initialisation, so layouts
+# start from the same weights and can be compared with the 1-rank run. The --no-*-fusion flags
+# are what the local (no TransformerEngine) spec needs until the fused-kernel feature lands.
+TINY = [
+    "--transformer-impl", "local", "--distributed-backend", "nccl",
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--seq-length", "64", "--max-position-embeddings", "64",
+    "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--lr-decay-iters", "8",
+    "--lr-warmup-iters", "0", "--weight-decay", "0.01", "--clip-grad", "1.0",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+    "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "100000", "--seed", "1234",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--use-cpu-initialization",
+    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion",
+    "--no-persist-layer-norm",
+]
+
+
+def mmp_executable():
+    return shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
+
+
+def command(route, lm_path, nproc, args):
+    script = str(Path(lm_path) / "pretrain_gpt.py")
+    torchrun = ["--standalone", f"--nproc-per-node={nproc}"]
+    if route == "mmp":
+        return [mmp_executable(), "run", *torchrun, script, *args]
+    if route == "pth":
+        return [sys.executable, "-m", "torch.distributed.run", *torchrun, script, *args]
+    if route == "import":
+        return [sys.executable, "-m", "torch.distributed.run", *torchrun,
+                str(FIXTURES / "import_route.py"), script, *args]
+    raise ValueError(route)
+
+
+def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=None,
+              timeout=900):
+    """Returns (losses {iteration: loss}, ms per iteration {iteration: ms}, full log)."""
+    full = [*TINY, "--train-iters", str(iters), *args]
+    if "--data-path" not in args:
+        full.append("--mock-data")
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
+    run_env.update(OMP_NUM_THREADS="1", MEGATRON_LM_PATH=str(lm_path), **(env or {}))
+    if route == "pth":
+        run_env["MEGATRON_MUSA_PATCH"] = "1"
+    proc = subprocess.run(command(route, lm_path, nproc, full), env=run_env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"pretrain_gpt.py ({route}, {nproc} ranks, {' '.join(args)}) "
+                             f"exited {proc.returncode}:\n{log[-4000:]}")
+    losses = {int(i): float(v) for i, v in LOSS.findall(log)}
+    times = {int(i): float(v) for i, v in TIME.findall(log)}
+    return losses, times, log

@@ -1,0 +1,145 @@
+"""The three activation routes, diagnostics, and bad input (each a subprocess)."""
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from ..conftest import FIXTURES, run_python, subprocess_env
+
+MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
+PLUGINS = str(FIXTURES / "plugins")
+
+
+def one_paragraph(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [l for l in stderr.splitlines() if l.startswith("megatron_musa_patch: error:")]
+    assert len(lines) == 1, stderr
+    return " ".join(stderr.split())
+
+
+def test_import_activates_once():
+    proc = run_python(
+        "import megatron_musa_patch as m, torch\n"
+        "a = m.activate(); assert a is m.activate()\n"
+        "assert torch.cuda.is_available() and torch.empty(1, device='cuda').device.type == 'cpu'\n"
+        "print(a.device.name, sum(r.status == 'applied' for r in m.report()))",
+        env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr
+    name, applied = proc.stdout.split()
+    assert name == "cpu" and int(applied) > 100
+
+
+def test_pth_route_activates_only_when_asked():
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert (site / "megatron_musa_patch.pth").is_file(), "install the package (pip install .)"
+    probe = "import torch; print(torch.cuda.is_available())"
+    assert run_python(probe, env=subprocess_env(MEGATRON_MUSA_PATCH="1")).stdout.strip() == "True"
+    assert run_python(probe).stdout.strip() == "False"
+    # unset, the start-up line imports nothing of ours (and no torch)
+    quiet = run_python("pass", args=("-X", "importtime"))
+    assert "megatron_musa_patch" not in quiet.stderr and " torch" not in quiet.stderr
+
+
+@pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
+def test_mmp_run_runs_the_script_as_main_in_every_rank(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "if __name__ == '__main__':\n"
+        "    torch.distributed.init_process_group('nccl')\n"
+        "    t = torch.ones(1, device='cuda') * (torch.distributed.get_rank() + 1)\n"
+        "    torch.distributed.all_reduce(t)\n"
+        "    line = ' '.join(map(str, ['RANK', os.environ['RANK'], __name__, sys.argv[1:],"
+        " t.item(), torch.distributed.get_backend()]))\n"
+        "    open(os.path.join(os.path.dirname(__file__), 'rank' + os.environ['RANK']), 'w')"
+        ".write(line)\n")
+    import subprocess
+    proc = subprocess.run([MMP, "run", "--nproc-per-node", "2", str(script), "--flag", "x"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [(tmp_path / f"rank{r}").read_text() for r in (0, 1)]
+    assert lines == [f"RANK {r} __main__ ['--flag', 'x'] 3.0 gloo" for r in (0, 1)]
+
+
+@pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
+def test_mmp_patches_json_and_doctor():
+    import subprocess
+    proc = subprocess.run([MMP, "patches", "--json"], env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = json.loads(proc.stdout)
+    assert table["device"]["name"] == "cpu" and table["device"]["backend"] == "gloo"
+    statuses = {p["id"]: p["status"] for p in table["patches"]}
+    assert statuses["device.torch_cuda.current_device"] == "applied"
+    assert statuses["upstream.moe_te_general_gemm"] == "applied"  # megatron.core was imported
+    assert not [p for p in table["patches"] if p["status"] == "failed"]
+    doctor = subprocess.run([MMP, "doctor"], env=subprocess_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert doctor.returncode == 0 and "device cpu" in doctor.stdout
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_unknown_device_name():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="tpu"))
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "MEGATRON_MUSA_PATCH_DEVICE='tpu'" in text and "auto, musa, cpu, cuda" in text
+
+
+def test_musa_requested_without_torch_musa():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="musa"))
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "torch_musa cannot be imported" in text and "MEGATRON_MUSA_PATCH_DEVICE=cpu" in text
+
+
+def test_missing_patch_target_names_target_feature_and_version():
+    from megatron_musa_patch import versions
+
+    proc = run_python("import megatron_musa_patch\nimport megatron.core.utils",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_PLUGINS="broken_target_plugin",
+                                         PYTHONPATH=PLUGINS))
+    assert proc.returncode != 0
+    text = one_paragraph(proc.stderr)
+    for part in ("megatron.core.utils:no_such_function", "feature 'broken_target'",
+                 str(versions.megatron_core_version())):
+        assert part in text
+
+
+def test_activation_after_megatron_was_imported():
+    proc = run_python("import megatron.core\nimport megatron_musa_patch")
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "activated after Megatron was imported" in text and "mmp run" in text
+
+
+def test_wrong_megatron_lm_path(tmp_path):
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_LM_PATH=str(tmp_path)))
+    assert proc.returncode == 2
+    assert "is not a Megatron-LM checkout" in one_paragraph(proc.stderr)
+
+
+def test_unknown_feature_toggle():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="recompute_typo"))
+    assert proc.returncode == 2
+    assert "unknown features ['recompute_typo']" in one_paragraph(proc.stderr)
+
+
+def test_disable_and_only_toggles_switch_features_off():
+    code = ("import megatron_musa_patch as m\n"
+            "print(sorted({r.feature for r in m.report() if r.status == 'skipped'"
+            " and 'switched off' in r.reason}))")
+    off = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes"))
+    only = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_ONLY="none"))
+    assert off.stdout.strip() == only.stdout.strip() == "['upstream_fixes']", off.stderr + only.stderr

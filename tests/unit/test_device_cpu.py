@@ -1,0 +1,203 @@
+"""Contract of the CPU row: every CUDA site Megatron hits behaves as on a device.
+
+The layer is activated in this process for the module's tests and undone afterwards, which
+also checks that ``deactivate`` restores torch.
+"""
+
+import logging
+import time
+
+import pytest
+import torch
+
+import megatron_musa_patch
+from megatron_musa_patch.errors import UnsupportedOnDeviceError
+
+from ..conftest import run_python, subprocess_env
+
+ORIGINAL = {"empty": torch.empty, "device": torch.device, "to": torch.Tensor.to,
+            "is_available": torch.cuda.is_available, "type": torch.Tensor.type}
+
+
+@pytest.fixture(scope="module")
+def cpu_layer():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MEGATRON_MUSA_PATCH_DEVICE", "cpu")
+    state = megatron_musa_patch.activate(allow_late=True)
+    yield state
+    megatron_musa_patch.deactivate()
+    mp.undo()
+
+
+def test_device_queries(cpu_layer):
+    assert cpu_layer.device.name == "cpu"
+    assert torch.cuda.is_available() and torch.cuda.is_initialized()
+    assert torch.cuda.device_count() >= 1
+    before = torch.cuda.current_device()
+    torch.cuda.set_device(1)
+    assert torch.cuda.current_device() == 1
+    torch.cuda.set_device(before)
+    props = torch.cuda.get_device_properties(0)
+    assert props.total_memory > 0 and props.name.startswith("CPU")
+    assert torch.cuda.get_device_capability() == (0, 0)
+
+
+@pytest.mark.parametrize("spec", ["cuda", "cuda:1", 0, 1])
+def test_factories_and_moves_land_on_cpu(cpu_layer, spec):
+    device = spec if isinstance(spec, int) else torch.device(spec)
+    assert device == torch.device("cpu") or isinstance(spec, int)
+    for make in (lambda: torch.empty(2, device=spec), lambda: torch.zeros(2, device=spec),
+                 lambda: torch.tensor([1.0], device=spec), lambda: torch.arange(3, device=spec),
+                 lambda: torch.ones(2).to(spec), lambda: torch.ones(2).to(device=spec),
+                 lambda: torch.ones(2).cuda(spec), lambda: torch.ones(2).new_zeros(3, device=spec),
+                 lambda: torch.ones(2).to(spec, torch.float16)):
+        assert make().device.type == "cpu"
+    layer = torch.nn.Linear(2, 2).cuda()
+    assert layer.to("cuda").weight.device.type == "cpu"
+
+
+def test_torch_device_is_still_a_type(cpu_layer):
+    assert torch.device is not ORIGINAL["device"]
+    cuda = torch.device("cuda", 3)
+    assert isinstance(cuda, torch.device) and isinstance(cuda, ORIGINAL["device"])
+    assert cuda == torch.device("cpu") and torch.device("cpu").type == "cpu"
+    assert torch.ones(1).device == torch.device("cuda")
+
+
+def test_tensor_type_strings(cpu_layer):
+    assert torch.ones(2).type() == "torch.cuda.FloatTensor"
+    assert torch.ones(2, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    half = torch.ones(2).type("torch.cuda.HalfTensor")
+    assert half.dtype == torch.float16 and half.device.type == "cpu"
+    # .is_cuda keeps telling the truth on CPU: nothing is on an accelerator
+    assert torch.ones(1).is_cuda is False
+
+
+def test_streams_and_events(cpu_layer):
+    side = torch.cuda.Stream()
+    default = torch.cuda.current_stream()
+    with torch.cuda.stream(side):
+        assert torch.cuda.current_stream() is side
+    assert torch.cuda.current_stream() is default
+    side.wait_stream(default)
+    event = side.record_event()
+    assert event.query()
+    default.wait_event(event)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.02)
+    end.record()
+    end.synchronize()
+    assert 15 <= start.elapsed_time(end) <= 2000  # milliseconds, like CUDA's
+    torch.ones(2).record_stream(side)  # no-op, must not raise
+    torch.cuda.synchronize()
+
+
+def test_rng_state_round_trips_through_the_device_generator(cpu_layer):
+    torch.cuda.manual_seed(5)
+    state = torch.cuda.get_rng_state()
+    first = torch.rand(4, device="cuda")
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(first, torch.rand(4, device="cuda"))
+    assert torch.cuda.default_generators[0] is torch.default_generator
+    assert torch.cuda.initial_seed() == 5
+
+
+def test_memory_statistics_are_marked_as_process_rss(cpu_layer):
+    stats = torch.cuda.memory_stats()
+    assert stats["mmp.source"] == "process_rss"
+    assert torch.cuda.memory_allocated() > 20 * 2**20  # a Python process with torch loaded
+    blob = torch.ones(64 * 2**20, dtype=torch.uint8) + 1  # 64 MiB touched
+    assert torch.cuda.max_memory_allocated() >= torch.cuda.memory_allocated() - 4096
+    del blob
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free <= total
+
+
+def test_nvtx_autocast_pinning_and_dataloader(cpu_layer):
+    torch.cuda.nvtx.range_push("step")
+    torch.cuda.nvtx.range_pop()
+    with torch.cuda.nvtx.range("step"):
+        pass
+    a, b = torch.ones(4, 4), torch.ones(4, 4)
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        assert torch.mm(a, b).dtype == torch.bfloat16
+    x = torch.empty(3, pin_memory=True)
+    assert x.pin_memory() is x
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=True)
+    assert loader.pin_memory is False
+
+
+def test_unsupported_features_say_what_to_remove(cpu_layer):
+    with pytest.raises(UnsupportedOnDeviceError, match="cpu device.*--cuda-graph-impl"):
+        torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedOnDeviceError, match="memory pools"):
+        torch.cuda.MemPool()
+
+
+def test_collectives_map_nccl_to_gloo(cpu_layer, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        assert dist.get_backend() == "gloo"
+        group = dist.new_group([0], backend="nccl")
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t, group=group)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_deactivate_restores_torch():
+    megatron_musa_patch.deactivate()
+    try:
+        assert torch.empty is ORIGINAL["empty"] and torch.device is ORIGINAL["device"]
+        assert torch.Tensor.to is ORIGINAL["to"] and torch.Tensor.type is ORIGINAL["type"]
+        assert torch.cuda.is_available is ORIGINAL["is_available"]
+        assert not torch.cuda.is_available()
+    finally:
+        megatron_musa_patch.activate(allow_late=True)  # the module fixture undoes it again
+
+
+RNG_TRACKER_SCRIPT = """
+import logging, sys
+import megatron_musa_patch, torch
+from megatron.core.tensor_parallel import random as mpr
+
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("megatron.core.tensor_parallel.random").addHandler(Keep())
+
+def masks(seed):
+    torch.manual_seed(1)
+    torch.cuda.manual_seed(1)
+    tracker = mpr.CudaRNGStatesTracker()
+    tracker.add("model-parallel-rng", seed)
+    before = torch.cuda.get_rng_state()
+    with tracker.fork():
+        a = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)
+    outside = torch.equal(before, torch.cuda.get_rng_state())
+    with tracker.fork():
+        b = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)
+    return a, b, outside
+
+a1, b1, kept = masks(100)
+a2, _, _ = masks(100)
+a3, _, _ = masks(200)
+assert kept, "the default generator state changed across a fork"
+assert torch.equal(a1, a2), "same tracker seed must give the same dropout mask"
+assert not torch.equal(a1, a3), "another seed must give another mask"
+assert not torch.equal(a1, b1), "the forked state must advance between forks"
+assert not records, records
+print("ok")
+"""
+
+
+def test_rng_tracker_drives_dropout_without_false_warnings():
+    proc = run_python(RNG_TRACKER_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
