@@ -51,6 +51,8 @@ setup(
     extras_require={
         # what megatron.training and pretrain_gpt.py import (Megatron-LM checkout path)
         "training": ["six", "regex", "pyyaml", "einops", "sentencepiece", "tiktoken"],
+        # mmp data: tokenizers for training and preparing corpora, progress bars
+        "data": ["tokenizers>=0.15", "transformers>=4.40", "sentencepiece", "tiktoken", "tqdm"],
         "test": ["pytest>=7"],
     },
     entry_points={
