@@ -47,12 +47,18 @@ setup(
         "wrapt>=1.15",
         "packaging>=23",
         "numpy",
+        # megatron-core's checkpoint writer processes need it; without it they die and the
+        # save waits forever
+        "psutil",
     ],
     extras_require={
         # what megatron.training and pretrain_gpt.py import (Megatron-LM checkout path)
         "training": ["six", "regex", "pyyaml", "einops", "sentencepiece", "tiktoken"],
         # mmp data: tokenizers for training and preparing corpora, progress bars
-        "data": ["tokenizers>=0.15", "transformers>=4.40", "sentencepiece", "tiktoken", "tqdm"],
+        # (tested: tokenizers 0.23, transformers 5.24, sentencepiece 0.2.3; tiktoken only for
+        # --tokenizer-type TikTokenizer)
+        "data": ["tokenizers>=0.20", "transformers>=5", "sentencepiece", "tqdm", "regex",
+                 "tiktoken"],
         "test": ["pytest>=7"],
     },
     entry_points={

@@ -17,7 +17,8 @@ class MegatronMusaPatchError(Exception):
     def render(self) -> str:
         body = " ".join(str(self).split())
         return textwrap.fill(
-            f"megatron_musa_patch: error: {body}", width=100, subsequent_indent="  "
+            f"megatron_musa_patch: error: {body}", width=100, subsequent_indent="  ",
+            break_on_hyphens=False, break_long_words=False,  # keep paths and flags whole
         )
 
 

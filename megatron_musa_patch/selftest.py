@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,18 +36,30 @@ def parse(argv):
                    help="largest allowed |loss - reference loss| per step (fp32)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--keep", help="keep the run directory here (default: a temporary one)")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds one torchrun launch may take before it is killed")
     return p.parse_args(argv)
 
 
-def run_worker(nproc: int, flags: List[str], out: str, workdir: str) -> dict:
+def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "megatron_musa_patch.selftest_worker",
            *flags, "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env.pop("MEGATRON_MUSA_PATCH_AUTOACTIVATE", None)
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    # a session of its own, so a hang can be ended with every rank it started
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        tail = "\n".join(output.strip().splitlines()[-40:])
+        raise RuntimeError(f"{' '.join(flags) or 'reference'} did not finish in {timeout:.0f} s "
+                           f"(killed):\n{tail}")
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        tail = "\n".join(output.strip().splitlines()[-40:])
         raise RuntimeError(f"{' '.join(flags) or 'reference'} failed (exit {proc.returncode}):\n"
                            f"{tail}")
     with open(out) as f:
@@ -67,7 +80,7 @@ def main(argv=None) -> int:
     init = os.path.join(workdir, "init")
     try:
         ref = run_worker(1, common + ["--save-init", init],
-                         os.path.join(workdir, "reference.json"), workdir)
+                         os.path.join(workdir, "reference.json"), workdir, opts.timeout)
     except RuntimeError as exc:
         print(f"mmp selftest: {exc}", file=sys.stderr)
         return 1
@@ -81,7 +94,7 @@ def main(argv=None) -> int:
     for name in layouts:
         try:
             res = run_worker(2, common + ["--load-init", init] + LAYOUTS[name],
-                             os.path.join(workdir, f"{name}.json"), workdir)
+                             os.path.join(workdir, f"{name}.json"), workdir, opts.timeout)
         except RuntimeError as exc:
             print(f"{name:12} FAILED\n{exc}")
             failed.append(name)

@@ -4,6 +4,7 @@ returns the per-iteration losses from its log. Shared by the stock tests and the
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +59,16 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     run_env.update(OMP_NUM_THREADS="1", MEGATRON_LM_PATH=str(lm_path), **(env or {}))
     if route == "pth":
         run_env["MEGATRON_MUSA_PATCH"] = "1"
-    proc = subprocess.run(command(route, lm_path, nproc, full), env=run_env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-    log = proc.stdout + proc.stderr
+    proc = subprocess.Popen(command(route, lm_path, nproc, full), env=run_env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # so a hang is ended with all its ranks
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"pretrain_gpt.py ({route}, {' '.join(args)}) hung for "
+                             f"{timeout} s:\n{log[-4000:]}")
     if proc.returncode != 0:
         raise AssertionError(f"pretrain_gpt.py ({route}, {nproc} ranks, {' '.join(args)}) "
                              f"exited {proc.returncode}:\n{log[-4000:]}")
