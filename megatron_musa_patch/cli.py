@@ -68,7 +68,11 @@ def _doctor(command: str, rest: List[str]) -> int:
         print(json.dumps(table.as_json(state), indent=2))
     else:
         if command == "doctor":
-            print(f"memory statistics on this device: {state.device.memory_stats}")
+            from . import versions
+
+            for name, value in versions.summary().items():
+                print(f"{name:20} {value or 'not installed'}")
+            print(f"{'memory statistics':20} {state.device.memory_stats}\n")
         print(table.render_table(state, collapse=not opts.all))
     return 1 if any(r.status == "failed" for r in state.registry.results()) else 0
 

@@ -144,8 +144,6 @@ def tensor_cuda(row: DeviceRow, original: Callable) -> Callable:
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = translate("cuda" if device is None else device)
-        if isinstance(target, int):
-            target = translate(target)
         return self.to(target, non_blocking=non_blocking, memory_format=memory_format)
 
     cuda.__doc__ = original.__doc__

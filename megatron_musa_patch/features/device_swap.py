@@ -106,6 +106,12 @@ def _dataloader_without_pinning(wrapped, instance, args, kwargs):
 
 
 def _megatron_patches(device):
+    if device.torch_type == "cpu":
+        yield Patch(
+            "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
+            "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE,
+            devices=frozenset({"cpu"}), strict=True,
+            why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
     if device.rng_shared_with_host:
         yield Patch(
             "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
@@ -113,6 +119,14 @@ def _megatron_patches(device):
             devices=frozenset({device.name}),
             why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
         )
+
+
+def _host_tensor_as_numpy(wrapped, instance, args, kwargs):
+    """The alltoall dispatcher asks for split sizes as numpy; on the CPU device they are host
+    tensors already, which upstream's ``.is_cuda`` gate returns unconverted."""
+    result = wrapped(*args, **kwargs)
+    as_numpy = kwargs.get("as_numpy", args[1] if len(args) > 1 else False)
+    return result.numpy() if as_numpy and torch.is_tensor(result) else result
 
 
 # ----------------------------------------------------------------------------- RNG tracker

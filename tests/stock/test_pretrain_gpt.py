@@ -8,6 +8,7 @@ must agree exactly instead.
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,10 +105,16 @@ def test_moe_allgather_dp2_matches_one_rank(lm_path, reference):
     assert "load_balancing_loss" in log
 
 
-def test_moe_allgather_expert_parallel(lm_path):
-    losses, _, log = run_stock(lm_path, [*MOE, "--expert-model-parallel-size", "2"])
-    assert_finite(losses, 4)
+def test_moe_expert_parallel_alltoall_matches_allgather(lm_path):
+    """EP2: the alltoall dispatcher (whose split sizes pass an .is_cuda gate) must route the
+    same tokens to the same experts as allgather."""
+    ep2 = [*MOE, "--expert-model-parallel-size", "2"]
+    allgather, _, log = run_stock(lm_path, ep2)
+    assert_finite(allgather, 4)
     assert "load_balancing_loss" in log
+    alltoall_args = [a if a != "allgather" else "alltoall" for a in ep2]
+    alltoall, _, _ = run_stock(lm_path, alltoall_args)
+    assert_close(alltoall, allgather)
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +159,18 @@ def test_save_then_load_resumes_at_the_saved_iteration(lm_path, tmp_path, layout
     # any job); the continuous run logs iterations 3 and 4 singly.
     expected = {3: continuous[3], 4: (continuous[3] + continuous[4]) / 2}
     assert_close(resumed, expected)
+
+
+def test_plugin_argument_group_and_validation_run_inside_megatron(lm_path):
+    """An external plugin (tests/fixtures/plugins/flag_plugin.py) adds a flag to Megatron's own
+    parser and checks it before Megatron's validation; --distributed-backend takes mccl."""
+    plugin = {"MEGATRON_MUSA_PATCH_PLUGINS": "flag_plugin",
+              "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "fixtures" / "plugins")}
+    losses, _, log = run_stock(lm_path, ["--demo-level", "3", "--distributed-backend", "mccl"],
+                               iters=2, env=plugin)
+    assert_finite(losses, 2)
+    assert re.search(r"demo_level \.+ 3", log) and re.search(r"distributed_backend \.+ mccl", log)
+    with pytest.raises(AssertionError) as failed:
+        run_stock(lm_path, ["--demo-level", "-1"], iters=2, env=plugin)
+    message = " ".join(str(failed.value).split())
+    assert "megatron_musa_patch: error: --demo-level must be >= 0" in message
