@@ -47,3 +47,18 @@ def mmp_validate_args(args, device):
 
     The message names the flag and says what to add or remove.
     """
+
+
+@hookspec
+def mmp_transformer_config(args, config):
+    """Carry this feature's flags from Megatron's ``args`` onto the ``TransformerConfig`` that
+    ``core_transformer_config_from_args`` built (set attributes on ``config``; return nothing).
+
+    Patches read them from the config when called, so megatron-core-only users can set the same
+    attributes in code.
+    """
+
+
+@hookspec
+def mmp_optimizer_config(args, config):
+    """The same for the ``OptimizerConfig`` built by Megatron-LM's training loop."""

@@ -1,9 +1,11 @@
-"""Megatron's command line: plugin argument groups and validation.
+"""Megatron's command line: plugin argument groups, validation, and configs.
 
 Wraps ``megatron.training.arguments.parse_args`` so every plugin's ``mmp_add_arguments`` runs
-on Megatron's own parser (after the script's ``extra_args_provider``), and ``validate_args``
-so every plugin's ``mmp_validate_args`` runs before Megatron's checks. The patch table is
-logged on rank 0 once the arguments are parsed: by then Megatron's modules are imported.
+on Megatron's own parser (after the script's ``extra_args_provider``), ``validate_args`` so
+every plugin's ``mmp_validate_args`` runs before Megatron's checks, and the builders of the
+TransformerConfig and OptimizerConfig so plugins carry their flags onto them
+(``mmp_transformer_config`` / ``mmp_optimizer_config``). The patch table is logged on rank 0
+once the arguments are parsed: by then Megatron's modules are imported.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def mmp_register_patches(registry, device):
     registry.add(Patch("megatron_args.validate_args", "megatron.training.arguments:validate_args",
                        "wrap", _validate_args, FEATURE, strict=True,
                        why="plugin flag checks run before Megatron's"))
+    registry.add(Patch("megatron_args.transformer_config",
+                       "megatron.training.arguments:core_transformer_config_from_args", "wrap",
+                       _transformer_config, FEATURE, strict=True,
+                       why="plugins carry their flags onto the TransformerConfig"))
+    registry.add(Patch("megatron_args.optimizer_config",
+                       "megatron.training.training:get_megatron_optimizer_config", "wrap",
+                       _optimizer_config, FEATURE, strict=True,
+                       why="plugins carry their flags onto the OptimizerConfig"))
 
 
 def _bind(args, kwargs, names):
@@ -57,3 +67,22 @@ def _validate_args(wrapped, instance, args, kwargs):
     call = _bind(args, kwargs, ("args", "defaults"))
     state.plugins.hook.mmp_validate_args(args=call["args"], device=state.device)
     return wrapped(*args, **kwargs)
+
+
+def _transformer_config(wrapped, instance, args, kwargs):
+    from .. import activation
+
+    config = wrapped(*args, **kwargs)
+    megatron_args = kwargs.get("args", args[0] if args else None)
+    activation.current().plugins.hook.mmp_transformer_config(args=megatron_args, config=config)
+    return config
+
+
+def _optimizer_config(wrapped, instance, args, kwargs):
+    from .. import activation
+
+    result = wrapped(*args, **kwargs)
+    config = result[0] if isinstance(result, tuple) else result
+    megatron_args = kwargs.get("args", args[0] if args else None)
+    activation.current().plugins.hook.mmp_optimizer_config(args=megatron_args, config=config)
+    return result

@@ -170,6 +170,8 @@ def test_plugin_argument_group_and_validation_run_inside_megatron(lm_path):
                                iters=2, env=plugin)
     assert_finite(losses, 2)
     assert re.search(r"demo_level \.+ 3", log) and re.search(r"distributed_backend \.+ mccl", log)
+    assert "flag_demo: TransformerConfig.demo_level=3" in log
+    assert "flag_demo: OptimizerConfig.demo_level=3" in log
     with pytest.raises(AssertionError) as failed:
         run_stock(lm_path, ["--demo-level", "-1"], iters=2, env=plugin)
     message = " ".join(str(failed.value).split())
