@@ -23,6 +23,15 @@ LAYOUTS: Dict[str, List[str]] = {
     "vpp2": ["--pp", "2", "--vpp", "2"],
     "dp2": [],
     "dp2-distopt": ["--distributed-optimizer"],
+    "ep2": ["--ep", "2", "--dispatcher", "alltoall"],
+    "ep2-allgather": ["--ep", "2", "--dispatcher", "allgather"],
+}
+#: model name -> worker flags, for the reference and every layout alike
+MODELS: Dict[str, List[str]] = {
+    "dense": [],
+    "moe": ["--experts", "4"],
+    "mla": ["--mla"],
+    "deepseek": ["--experts", "4", "--mla"],
 }
 DEFAULT_LAYOUTS = ("tp2", "pp2", "dp2-distopt")
 
@@ -31,6 +40,9 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="mmp selftest", description=__doc__)
     p.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS),
                    help=f"comma-separated, from {', '.join(LAYOUTS)} (default: %(default)s)")
+    p.add_argument("--model", default="dense", choices=tuple(MODELS),
+                   help="tiny GPT variant: dense (GQA, SwiGLU, RoPE), moe (4 experts, top-2, "
+                        "shared expert), mla, deepseek (MLA + MoE); ep2 layouts need MoE")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="largest allowed |loss - reference loss| per step (fp32)")
@@ -74,9 +86,13 @@ def main(argv=None) -> int:
         print(f"mmp selftest: unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}",
               file=sys.stderr)
         return 2
+    if any(name.startswith("ep") for name in layouts) and "--experts" not in MODELS[opts.model]:
+        print("mmp selftest: ep2 layouts need an MoE model: add --model moe (or deepseek)",
+              file=sys.stderr)
+        return 2
     workdir = opts.keep or tempfile.mkdtemp(prefix="mmp-selftest-")
     os.makedirs(workdir, exist_ok=True)
-    common = ["--steps", str(opts.steps)]
+    common = ["--steps", str(opts.steps), *MODELS[opts.model]]
     init = os.path.join(workdir, "init")
     try:
         ref = run_worker(1, common + ["--save-init", init],
@@ -85,7 +101,7 @@ def main(argv=None) -> int:
         print(f"mmp selftest: {exc}", file=sys.stderr)
         return 1
     print(ref["patch_table"])
-    print(f"\nreference (1 rank, {ref['device']}): losses "
+    print(f"\nreference ({opts.model} model, 1 rank, {ref['device']}): losses "
           + " ".join(f"{x:.6f}" for x in ref["losses"]))
     results = {"device": ref["device"], "reference": ref["losses"], "layouts": {}}
     failed = []
@@ -96,13 +112,13 @@ def main(argv=None) -> int:
             res = run_worker(2, common + ["--load-init", init] + LAYOUTS[name],
                              os.path.join(workdir, f"{name}.json"), workdir, opts.timeout)
         except RuntimeError as exc:
-            print(f"{name:12} FAILED\n{exc}")
+            print(f"{name:14} FAILED\n{exc}")
             failed.append(name)
             results["layouts"][name] = {"error": str(exc)}
             continue
         diff = max(abs(a - b) for a, b in zip(res["losses"], ref["losses"]))
         ok = diff <= opts.tolerance and len(res["losses"]) == len(ref["losses"])
-        print(f"{name:12} {'ok    ' if ok else 'MISMATCH'} max |loss - reference| = {diff:.2e} "
+        print(f"{name:14} {'ok    ' if ok else 'MISMATCH'} max |loss - reference| = {diff:.2e} "
               f"(tolerance {opts.tolerance:.0e}); losses "
               + " ".join(f"{x:.6f}" for x in res["losses"]))
         results["layouts"][name] = {"losses": res["losses"], "max_abs_diff": diff, "ok": ok}

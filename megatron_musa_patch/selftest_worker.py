@@ -26,6 +26,16 @@ def parse(argv):
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--vpp", type=int, default=None, help="virtual stages per pipeline rank")
     p.add_argument("--distributed-optimizer", action="store_true")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE models)")
+    p.add_argument("--experts", type=int, default=0, help="MoE experts per layer (0: dense)")
+    p.add_argument("--topk", type=int, default=2)
+    p.add_argument("--dispatcher", default="alltoall", choices=("alltoall", "allgather"))
+    p.add_argument("--device-loss", type=float, default=0.0,
+                   help="moe_device_level_aux_loss_coeff set on the config (megatron-core way)")
+    p.add_argument("--comm-loss", type=float, default=0.0, help="moe_comm_aux_loss_coeff")
+    p.add_argument("--device-capacity", type=float, default=None,
+                   help="capacity factor applied per device (moe_device_level_capacity)")
+    p.add_argument("--mla", action="store_true", help="multi-latent attention")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=64)
@@ -47,12 +57,28 @@ def build_model(opts, pre_process, post_process, vp_stage=None):
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(
+    moe = dict(
+        num_moe_experts=opts.experts, moe_router_topk=opts.topk, moe_ffn_hidden_size=opts.hidden,
+        moe_token_dispatcher_type=opts.dispatcher, moe_aux_loss_coeff=0.01,
+        moe_shared_expert_intermediate_size=opts.hidden, expert_model_parallel_size=opts.ep,
+        moe_expert_capacity_factor=opts.device_capacity,
+    ) if opts.experts else {}
+    mla = dict(
+        multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
+        qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True,
+    ) if opts.mla else {}
+    config_class = TransformerConfig
+    if opts.mla:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        config_class = MLATransformerConfig
+    config = config_class(
+        **moe, **mla,
         num_layers=opts.layers,
         hidden_size=opts.hidden,
         ffn_hidden_size=2 * opts.hidden,
         num_attention_heads=opts.heads,
-        num_query_groups=opts.heads // 2,
+        num_query_groups=opts.heads if opts.mla else opts.heads // 2,  # MLA has no GQA
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         normalization="RMSNorm",
@@ -75,9 +101,15 @@ def build_model(opts, pre_process, post_process, vp_stage=None):
         batch_p2p_comm=opts.vpp is None,
         deallocate_pipeline_outputs=True,  # as Megatron-LM sets it
     )
+    # the device-level balancing flags, set the way a megatron-core-only user sets them
+    config.moe_device_level_aux_loss_coeff = opts.device_loss
+    config.moe_comm_aux_loss_coeff = opts.comm_loss
+    config.moe_device_level_capacity = opts.device_capacity is not None
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=opts.experts or None, normalization="RMSNorm",
+            multi_latent_attention=opts.mla, qk_layernorm=opts.mla),
         vocab_size=opts.vocab,
         max_sequence_length=opts.seq,
         pre_process=pre_process,
@@ -127,7 +159,8 @@ def main(argv=None):
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.distributed.init_process_group(backend="nccl")  # mapped to the device's backend
     parallel_state.initialize_model_parallel(
-        opts.tp, opts.pp, virtual_pipeline_model_parallel_size=opts.vpp)
+        opts.tp, opts.pp, virtual_pipeline_model_parallel_size=opts.vpp,
+        expert_model_parallel_size=opts.ep)
     torch.manual_seed(opts.seed)
     model_parallel_cuda_manual_seed(opts.seed)
 

@@ -1,0 +1,76 @@
+"""Multi-latent attention (MLA) on the local layer spec (no TransformerEngine).
+
+Upstream's ``MLASelfAttention`` builds its core attention with ``k_channels`` (the query/key head
+dim, ``qk_head_dim + qk_pos_emb_head_dim``) and ``v_channels`` (``v_head_dim``), which only
+TransformerEngine's attention accepts; the local ``DotProductAttention`` takes neither, so every
+``--multi-latent-attention`` run without TE fails at model construction. The local attention
+already computes with whatever head sizes its inputs have; only its output width
+(``hidden_size_per_partition``) and default softmax scale come from ``kv_channels``. This feature
+accepts the two arguments and sets exactly those.
+
+``multi_latent_attention`` also sets ``HAVE_TE = True`` whenever megatron-core's TE extension
+module imports, which it does without TE (its classes are then None), and then calls
+``isinstance(..., TELinear)`` with ``TELinear = None``: without TE the flag is set False.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "mla_local"
+REQUIRED = False
+DESCRIPTION = "--multi-latent-attention with the local (no TransformerEngine) attention"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch(
+        "mla_local.dot_product_attention_channels",
+        "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
+        _accept_k_v_channels, FEATURE,
+        why="MLA passes k_channels/v_channels: set the output width and default scale from them"))
+    registry.add(Patch(
+        "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
+        "attribute", False, FEATURE, condition=_te_missing,
+        why="its TE names are None without TE; the module believed TE was there"))
+
+
+def _te_missing():
+    return True if importlib.util.find_spec("transformer_engine") is None else "TE is installed"
+
+
+@hookimpl
+def mmp_validate_args(args, device):
+    if getattr(args, "multi_latent_attention", False):
+        from ..activation import current
+        from ..errors import FeatureUnavailableError
+
+        problems = current().registry.feature_problems(FEATURE)
+        if problems:
+            raise FeatureUnavailableError(
+                f"--multi-latent-attention on the local spec needs the '{FEATURE}' patches, which "
+                f"failed: {problems[0]}")
+
+
+def _accept_k_v_channels(wrapped, instance, args, kwargs):
+    k_channels = kwargs.pop("k_channels", None)
+    v_channels = kwargs.pop("v_channels", None)
+    wrapped(*args, **kwargs)
+    if k_channels is None and v_channels is None:
+        return
+    call = inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
+    heads = instance.num_attention_heads_per_partition
+    if v_channels is not None:
+        instance.hidden_size_per_partition = v_channels * heads
+    if k_channels is not None:
+        instance.hidden_size_per_attention_head = k_channels
+        if call.get("softmax_scale") is None:
+            # upstream's default, 1/sqrt(head dim), with the key's head dim
+            instance.softmax_scale = 1.0 / math.sqrt(k_channels)
+            if instance.config.apply_query_key_layer_scaling:
+                instance.softmax_scale /= instance.layer_number

@@ -1,0 +1,77 @@
+"""Stock pretrain_gpt.py with MT-Megatron's DeepSeek-style flags on 2 CPU ranks.
+
+Needs MEGATRON_LM_PATH."""
+
+import re
+
+import pytest
+
+from .runner import run_stock
+from .test_pretrain_gpt import assert_close
+
+pytestmark = pytest.mark.stock
+
+MLA = ["--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+       "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+       "--qk-layernorm", "--rotary-scaling-factor", "2", "--position-embedding-type", "rope",
+       "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+
+# a tiny DeepSeek-V2-Lite: MLA, a dense first layer then MoE layers with a shared expert,
+# group-limited routing over the 2 expert-parallel devices, device-level losses and capacity,
+# multi-token prediction in MT-Megatron's spelling
+DEEPSEEK = [*MLA, "--num-layers", "3", "--moe-layer-freq", "[0,1,1]",
+            "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48",
+            "--moe-shared-expert-intermediate-size", "64", "--moe-token-dispatcher-type",
+            "alltoall", "--expert-model-parallel-size", "2", "--moe-router-num-groups", "2",
+            "--moe-router-group-topk", "1", "--moe-aux-loss-coeff", "0.01",
+            "--moe-router-load-balancing-type", "seq_aux_loss",
+            "--moe-device-level-aux-loss-coeff", "0.05", "--moe-comm-aux-loss-coeff", "0.02",
+            "--moe-device-level-capacity", "--moe-expert-capacity-factor", "1.5",
+            "--use-multi-token-prediction", "--mtp-depth", "1", "--mtp-coeff", "0.3",
+            "--lr", "3e-3", "--lr-decay-iters", "30", "--hidden-dropout", "0.1"]
+LOGGED = ("lm loss", "seq_load_balancing_loss", "device_level_balancing_loss",
+          "communication_balancing_loss", "mtp_1 loss")
+
+
+def test_tiny_deepseek_v2_lite_trains_and_logs_every_loss(lm_path):
+    losses, _, log = run_stock(lm_path, DEEPSEEK, iters=30)
+    lines = [l for l in log.splitlines() if re.search(r"iteration\s+\d+/\s*30 \|", l)]
+    assert len(lines) == 30
+    for line in lines:
+        for name in LOGGED:
+            value = re.search(rf"{name}: ([0-9.E+-]+)", line)
+            assert value and 0 < float(value.group(1)) < 20, (name, line)
+    first, last = sum(losses[i] for i in range(1, 6)) / 5, sum(losses[i] for i in range(26, 31)) / 5
+    assert last < first - 0.05, losses
+
+
+def test_mla_tp2_matches_one_rank(lm_path):
+    one = run_stock(lm_path, MLA, nproc=1)[0]
+    two = run_stock(lm_path, [*MLA, "--tensor-model-parallel-size", "2"])[0]
+    assert_close(two, one)
+
+
+def test_mtp_spellings_are_the_same_run_and_disagreement_is_an_error(lm_path):
+    base = ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+            "--position-embedding-type", "rope"]
+    ours = run_stock(lm_path, [*base, "--use-multi-token-prediction", "--mtp-depth", "1",
+                               "--mtp-coeff", "0.3"], iters=3)[0]
+    upstream = run_stock(lm_path, [*base, "--mtp-num-layers", "1",
+                                   "--mtp-loss-scaling-factor", "0.3"], iters=3)[0]
+    assert ours == upstream
+    with pytest.raises(AssertionError) as failed:
+        run_stock(lm_path, [*base, "--mtp-depth", "2", "--mtp-num-layers", "1"], iters=1)
+    message = " ".join(str(failed.value).split())
+    assert "--mtp-depth 2 (MT-Megatron spelling) and --mtp-num-layers 1" in message
+    assert "Traceback" not in message.split("megatron_musa_patch: error:")[0][-200:]
+
+
+def test_shared_expert_overlap_matches_no_overlap(lm_path):
+    """--moe-shared-expert-overlap runs the shared expert on a side stream: CPU streams are
+    synchronous, so the numbers must equal the run without overlap."""
+    moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
+           "alltoall", "--expert-model-parallel-size", "2", "--disable-bias-linear",
+           "--moe-shared-expert-intermediate-size", "64"]
+    plain = run_stock(lm_path, moe, iters=3)[0]
+    overlap = run_stock(lm_path, [*moe, "--moe-shared-expert-overlap"], iters=3)[0]
+    assert overlap == plain
