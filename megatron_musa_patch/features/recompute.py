@@ -1,0 +1,102 @@
+"""Fine-grained recompute: ``--attn-recompute``, ``--mlp-recompute``, ``--recompute-variance``.
+
+* ``--attn-recompute``: every transformer layer's attention block (input norm, QKV, RoPE, core
+  attention, output projection, bias-dropout-add) keeps only its input; the rest is recomputed
+  in backward.
+* ``--mlp-recompute``: the same for the MLP block (pre-MLP norm, fc1, activation, fc2,
+  bias-dropout-add); on MoE layers the expert computation and the shared experts are
+  recomputed (and the pre-MLP norm output), not the router or the token dispatch.
+* ``--recompute-variance``: in a recomputed block the recompute stops at the input of the
+  block's last linear layer (``linear_proj`` / ``linear_fc2``), whose backward is applied from
+  the saved output gradient without re-running its forward; in a block that is not recomputed,
+  the norm output is not kept but recomputed from the block input.
+
+Checkpoints are Megatron's own (``tensor_parallel.checkpoint``, ``CheckpointWithoutOutput``),
+which restore the CPU, device and RNG-tracker states, so dropout matches bit for bit. The flags
+are carried onto the TransformerConfig (``attn_recompute``, ``mlp_recompute``,
+``recompute_variance``) and read when a layer runs; a megatron-core user sets those attributes.
+The logic lives in ``megatron_musa_patch.recompute``.
+"""
+
+from __future__ import annotations
+
+from ..errors import ArgumentError
+from ..hookspecs import hookimpl
+from ..recompute import rules, wrappers
+from ..registry import Patch
+
+FEATURE = wrappers.FEATURE
+REQUIRED = False
+DESCRIPTION = "--attn-recompute, --mlp-recompute, --recompute-variance"
+
+_LAYER = "megatron.core.transformer.transformer_layer:TransformerLayer."
+_EXPERTS = "megatron.core.transformer.moe.experts:"
+_LAYERS = "megatron.core.tensor_parallel.layers:"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.extend([
+        Patch("recompute.attention_block", _LAYER + "_forward_attention", "wrap",
+              wrappers.forward_attention, FEATURE,
+              why="--attn-recompute checkpoints the attention block; variance: norm recompute"),
+        Patch("recompute.mlp_block", _LAYER + "_forward_mlp", "wrap", wrappers.forward_mlp,
+              FEATURE, why="--mlp-recompute checkpoints the MLP block; variance: norm recompute"),
+        Patch("recompute.sequential_experts", _EXPERTS + "SequentialMLP.forward", "wrap",
+              wrappers.experts_forward, FEATURE,
+              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
+        Patch("recompute.grouped_experts", _EXPERTS + "GroupedMLP.forward", "wrap",
+              wrappers.experts_forward, FEATURE,
+              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
+        Patch("recompute.te_grouped_experts", _EXPERTS + "TEGroupedMLP.forward", "wrap",
+              wrappers.experts_forward, FEATURE,
+              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
+        Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
+              wrappers.shared_experts_forward, FEATURE,
+              why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)"),
+        Patch("recompute.deferred_linear", _LAYERS + "RowParallelLinear._forward_impl", "wrap",
+              wrappers.row_parallel_forward_impl, FEATURE,
+              why="--recompute-variance: the block's last linear skips its forward in recompute"),
+        Patch("recompute.deferred_reduce", _LAYERS + "reduce_from_tensor_model_parallel_region",
+              "wrap", wrappers.reduce_passes_deferred, FEATURE,
+              why="--recompute-variance: no all-reduce of a skipped linear's placeholder"),
+    ])
+
+
+@hookimpl
+def mmp_add_arguments(parser):
+    group = parser.add_argument_group(title="recompute",
+                                      description="fine-grained recompute (megatron_musa_patch)")
+    group.add_argument("--attn-recompute", action="store_true",
+                       help="Recompute each layer's attention block (input norm, QKV, RoPE, "
+                            "core attention, output projection) in backward; keep only its "
+                            "input.")
+    group.add_argument("--mlp-recompute", action="store_true",
+                       help="Recompute each layer's MLP block (pre-MLP norm, fc1, activation, "
+                            "fc2) in backward; on MoE layers the experts and shared experts, "
+                            "not the token dispatch.")
+    group.add_argument("--recompute-variance", action="store_true",
+                       help="Cheaper recompute: with --attn-recompute/--mlp-recompute do not "
+                            "re-run the block's last linear layer (its backward runs from the "
+                            "saved output gradient); in blocks not recomputed, recompute the "
+                            "norm output from the block input instead of keeping it.")
+    return parser
+
+
+@hookimpl
+def mmp_validate_args(args, device):
+    flags = rules.requested(args)
+    if not flags:
+        return
+    found = rules.problems(args)
+    if found:
+        raise ArgumentError(found[0])
+    from ..activation import current
+
+    wrappers.unavailable(current().registry, flags)
+
+
+@hookimpl
+def mmp_transformer_config(args, config):
+    for name in rules.FLAGS:
+        setattr(config, name, bool(getattr(args, name, False)))

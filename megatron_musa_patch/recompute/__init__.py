@@ -1,0 +1,16 @@
+"""Fine-grained recompute: ``--attn-recompute``, ``--mlp-recompute``, ``--recompute-variance``.
+
+The feature plugin (``features/recompute.py``) adds the flags and the patch records; the logic
+lives here, one job per module:
+
+* ``rules``      -- which combinations are refused, for Megatron's ``args`` and for a
+                    ``TransformerConfig`` alike (megatron-core-only users set the attributes).
+* ``blocks``     -- checkpointing a block with Megatron's own ``tensor_parallel.checkpoint``;
+                    in variance mode the recompute skips the block's last linear layer.
+* ``deferred``   -- that skipped linear: Megatron's own backward, applied from the saved
+                    output gradient to the recomputed input, without its forward.
+* ``wrappers``   -- the patches on ``TransformerLayer`` and the MoE experts, read at call time.
+* ``accounting`` -- bytes held for backward (``saved_tensors_hooks``), for tests and benchmarks.
+
+Nothing here imports Megatron at module import time except ``deferred`` (imported on first use).
+"""

@@ -1,0 +1,128 @@
+"""Which recompute settings are refused, and why, in one paragraph each.
+
+The same rules check Megatron's ``args`` (before Megatron validates them) and a
+``TransformerConfig`` (the first time a patched layer runs with a flag on), so a megatron-core
+user who sets ``config.attn_recompute`` in code gets the same errors as a command-line user.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+#: config/args attribute -> command-line flag
+FLAGS = {
+    "attn_recompute": "--attn-recompute",
+    "mlp_recompute": "--mlp-recompute",
+    "recompute_variance": "--recompute-variance",
+}
+
+#: the upstream ``--recompute-modules`` entries each flag already recomputes
+COVERED = {
+    "attn_recompute": ("core_attn", "mla_up_proj", "layernorm"),
+    "mlp_recompute": ("mlp", "moe", "moe_act", "shared_experts", "layernorm"),
+    "recompute_variance": ("layernorm",),
+}
+
+_WHAT = {
+    "attn_recompute": "the whole attention block (input norm, QKV, RoPE, core attention, "
+                      "output projection)",
+    "mlp_recompute": "the whole MLP block (pre-MLP norm, fc1, activation, fc2; on MoE layers the "
+                     "experts and shared experts)",
+    "recompute_variance": "the norm outputs",
+}
+
+
+def requested(settings) -> List[str]:
+    """The flags switched on in ``settings`` (attribute names)."""
+    return [name for name in FLAGS if getattr(settings, name, False)]
+
+
+def granularity(settings):
+    if getattr(settings, "recompute_activations", False):  # Megatron-LM's alias, not yet applied
+        return "selective"
+    if getattr(settings, "moe_layer_recompute", False) and \
+            getattr(settings, "recompute_granularity", None) is None:
+        return "selective"
+    return getattr(settings, "recompute_granularity", None)
+
+
+def upstream_modules(settings) -> List[str]:
+    """The modules upstream's selective recompute will recompute (its defaults applied)."""
+    if granularity(settings) != "selective":
+        return []
+    modules = getattr(settings, "recompute_modules", None)
+    modules = list(modules) if modules is not None else ["core_attn"]
+    if getattr(settings, "moe_layer_recompute", False) and "moe" not in modules:
+        modules.append("moe")
+    return modules
+
+
+def problems(settings, *, check_impl: bool = True) -> List[str]:
+    """One message per refused combination (empty: fine).
+
+    ``check_impl``: also require ``transformer_impl == 'local'`` for ``--recompute-variance``
+    (Megatron's args; a TransformerConfig built in code keeps the TE default whatever spec is
+    used, so there the layer checks its modules when called instead).
+    """
+    flags = requested(settings)
+    if not flags:
+        return []
+    named = " ".join(FLAGS[f] for f in flags)
+    found = []
+    if granularity(settings) == "full":
+        found.append(
+            f"{named} cannot be combined with --recompute-granularity full: full recompute "
+            f"already recomputes every layer from its input. Drop --recompute-granularity full "
+            f"(and --recompute-method/--recompute-num-layers), or drop {named}.")
+    modules = upstream_modules(settings)
+    for flag in flags:
+        twice = [m for m in modules if m in COVERED[flag]]
+        if twice:
+            listed = ", ".join(twice)
+            implicit = "" if getattr(settings, "recompute_modules", None) is not None else (
+                " (upstream's default when --recompute-granularity selective or "
+                "--recompute-activations is given without --recompute-modules)")
+            found.append(
+                f"{FLAGS[flag]} already recomputes {_WHAT[flag]}, so --recompute-modules "
+                f"{listed}{implicit} would request it twice. Remove {listed} from "
+                f"--recompute-modules (or --recompute-activations), or drop {FLAGS[flag]}.")
+    if getattr(settings, "fp8", None) or getattr(settings, "fp4", None):
+        found.append(
+            f"{named} is not supported with fp8/fp4 training: the recompute needs "
+            f"TransformerEngine's fp8-aware checkpoint, which this feature does not drive. Use "
+            f"upstream's --recompute-granularity selective --recompute-modules instead.")
+    graphs = getattr(settings, "cuda_graph_impl", "none") not in (None, "none") or \
+        getattr(settings, "enable_cuda_graph", False) or \
+        getattr(settings, "external_cuda_graph", False)
+    if graphs:
+        found.append(f"{named} is not supported with CUDA graphs (--cuda-graph-impl): a "
+                     f"captured layer cannot re-run part of itself in backward.")
+    for attr, flag in (("cpu_offloading", "--cpu-offloading"),
+                       ("fine_grained_activation_offloading",
+                        "--fine-grained-activation-offloading"),
+                       ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm")):
+        if getattr(settings, attr, False):
+            found.append(f"{named} is not supported with {flag} (it splits the layer's forward "
+                         f"into pieces that these flags' checkpoints would cut across); drop one.")
+    if "mlp_recompute" in flags and getattr(settings, "moe_shared_expert_overlap", False):
+        found.append("--mlp-recompute is not supported with --moe-shared-expert-overlap: the "
+                     "overlapped shared expert runs inside the token dispatcher, outside any "
+                     "checkpoint. Drop --moe-shared-expert-overlap.")
+    if "recompute_variance" in flags:
+        impl = getattr(settings, "transformer_impl", "local")
+        if check_impl and impl != "local":
+            found.append(
+                f"--recompute-variance needs megatron-core's own layers (--transformer-impl "
+                f"local): it applies the backward of the blocks' last linear layer "
+                f"(RowParallelLinear) without re-running its forward, and recomputes separate "
+                f"norm modules; --transformer-impl {impl} fuses norms into linears and brings "
+                f"its own linear backward.")
+        experts = getattr(settings, "num_experts", None) or getattr(settings, "num_moe_experts",
+                                                                     None)
+        if "mlp_recompute" in flags and experts and getattr(settings, "moe_grouped_gemm", False):
+            found.append(
+                "--recompute-variance with --mlp-recompute on MoE layers needs per-expert "
+                "linear layers (SequentialMLP); --moe-grouped-gemm runs the experts' fc2 as one "
+                "grouped GEMM without a separate backward. Drop --moe-grouped-gemm or "
+                "--recompute-variance.")
+    return found

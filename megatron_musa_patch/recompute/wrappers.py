@@ -1,0 +1,203 @@
+"""The patches: wrappers around upstream methods that read the layer's config when called.
+
+* ``TransformerLayer._forward_attention`` -- ``--attn-recompute``: the whole attention block
+  (input norm, self-attention with its output projection, bias-dropout-add) is one checkpoint;
+  with ``--recompute-variance`` its recompute skips ``linear_proj``'s forward. Variance alone:
+  the input norm's output is released and recomputed (``norm_output``).
+* ``TransformerLayer._forward_mlp`` -- ``--mlp-recompute`` on a dense layer: the same for the MLP
+  block (pre-MLP norm, fc1, activation, fc2, bias-dropout-add), skipping ``linear_fc2``. On a
+  MoE layer, and for variance alone: the pre-MLP norm's output is released and recomputed; the
+  MoE experts and shared experts are checkpointed by the two wrappers below, so the router and
+  the token dispatch (its collectives) run once.
+* ``SequentialMLP/GroupedMLP/TEGroupedMLP.forward`` and ``MLP.forward`` on a shared expert -- the
+  expert computation and the shared experts under ``--mlp-recompute`` (variance: every local
+  expert's ``linear_fc2`` and the shared expert's; a shared expert's gate stays outside the
+  checkpoint, keeping the fc2 output its gradient needs).
+* ``RowParallelLinear._forward_impl`` and ``reduce_from_tensor_model_parallel_region`` (in
+  ``tensor_parallel.layers``) -- a deferred linear skips its GEMM and all-reduce.
+
+Outside training (``module.training`` false, no autograd, an inference context) every wrapper
+calls upstream unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ..errors import ArgumentError, FeatureUnavailableError
+from . import rules
+from .blocks import MARK, checkpoint_block, deferred_ids
+
+FEATURE = "recompute"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _flags(config):
+    return (getattr(config, "attn_recompute", False), getattr(config, "mlp_recompute", False),
+            getattr(config, "recompute_variance", False))
+
+
+def _training_call(module, kwargs=None) -> bool:
+    if not (module.training and torch.is_grad_enabled()):
+        return False
+    return not (kwargs and (kwargs.get("inference_context") is not None
+                            or kwargs.get("inference_params") is not None))
+
+
+def verify(config) -> None:
+    """The rules, once per combination of settings on this config (users may change them)."""
+    key = (_flags(config), getattr(config, "recompute_granularity", None),
+           tuple(getattr(config, "recompute_modules", None) or ()))
+    if getattr(config, "_mmp_recompute_verified", None) == key:
+        return
+    found = rules.problems(config, check_impl=False)
+    if found:
+        raise ArgumentError(found[0])
+    from ..activation import current, is_active
+
+    if is_active():
+        unavailable(current().registry, rules.requested(config))
+    config._mmp_recompute_verified = key
+
+
+def unavailable(registry, flags) -> None:
+    """Raise if the feature's patches failed or the feature is switched off: the flags would
+    otherwise do nothing."""
+    named = " ".join(rules.FLAGS[f] for f in flags)
+    need = "need" if len(flags) > 1 else "needs"
+    failed = registry.feature_problems(FEATURE)
+    if failed:
+        raise FeatureUnavailableError(
+            f"{named} {need} the '{FEATURE}' patches, which failed: {failed[0]}")
+    if FEATURE in registry.disabled_features:
+        raise FeatureUnavailableError(
+            f"{named} {need} the '{FEATURE}' feature, which MEGATRON_MUSA_PATCH_DISABLE/ONLY "
+            f"switched off; switch it back on or drop {named}.")
+
+
+def last_linear(owner, name: str):
+    """The block's last linear layer, which ``--recompute-variance`` does not re-run."""
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    linear = getattr(owner, name, None)
+    if not isinstance(linear, RowParallelLinear):
+        raise FeatureUnavailableError(
+            f"--recompute-variance applies the backward of megatron-core's RowParallelLinear "
+            f"without its forward, but {type(owner).__name__}.{name} is "
+            f"{type(linear).__name__}. Use megatron-core's local layer spec (--transformer-impl "
+            f"local) or drop --recompute-variance.")
+    return linear
+
+
+def _has_norm(norm) -> bool:
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    return norm is not None and not isinstance(norm, IdentityOp)
+
+
+def _with_norm_recompute(wrapped, args, kwargs, norm):
+    """``wrapped(*args, **kwargs)``; the output of ``norm`` inside it is not kept for backward
+    but recomputed from the norm's input (``norm_output``)."""
+    if not _has_norm(norm):
+        return wrapped(*args, **kwargs)
+    from .norm_output import NormOutput
+
+    seen = []
+    handle = norm.register_forward_hook(lambda module, inputs, output: seen.append((inputs,
+                                                                                     output)))
+    try:
+        out = wrapped(*args, **kwargs)
+    finally:
+        handle.remove()
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    if len(seen) == 1 and isinstance(first, torch.Tensor) and first.requires_grad:
+        NormOutput.release(norm, *seen[0], until=first)
+    return out
+
+
+# ----------------------------------------------------------------------------- layer blocks
+
+
+def forward_attention(wrapped, instance, args, kwargs):
+    attn, _, variance = _flags(instance.config)
+    if not (attn or variance) or not _training_call(instance, kwargs):
+        return wrapped(*args, **kwargs)
+    verify(instance.config)
+    if attn:
+        defer = (last_linear(instance.self_attention, "linear_proj"),) if variance else ()
+        return checkpoint_block(wrapped, args, kwargs, defer)
+    return _with_norm_recompute(wrapped, args, kwargs, instance.input_layernorm)
+
+
+def forward_mlp(wrapped, instance, args, kwargs):
+    _, mlp, variance = _flags(instance.config)
+    if not (mlp or variance) or not _training_call(instance, kwargs):
+        return wrapped(*args, **kwargs)
+    verify(instance.config)
+    if mlp and not instance.is_moe_layer:
+        defer = (last_linear(instance.mlp, "linear_fc2"),) if variance else ()
+        return checkpoint_block(wrapped, args, kwargs, defer)
+    return _with_norm_recompute(wrapped, args, kwargs, instance.pre_mlp_layernorm)
+
+
+# ----------------------------------------------------------------------------- MoE
+
+
+def experts_forward(wrapped, instance, args, kwargs):
+    _, mlp, variance = _flags(instance.config)
+    if not mlp or not _training_call(instance):
+        return wrapped(*args, **kwargs)
+    verify(instance.config)
+    defer = ()
+    if variance:
+        experts = getattr(instance, "local_experts", None)
+        if experts is None:
+            raise FeatureUnavailableError(
+                f"--recompute-variance with --mlp-recompute needs per-expert linear layers "
+                f"(SequentialMLP); {type(instance).__name__} runs fc2 as one grouped GEMM. Drop "
+                f"--moe-grouped-gemm or --recompute-variance.")
+        defer = tuple(last_linear(expert, "linear_fc2") for expert in experts)
+    return checkpoint_block(wrapped, args, kwargs, defer)
+
+
+def shared_experts_forward(wrapped, instance, args, kwargs):
+    """``MLP.forward``, on a MoE layer's shared expert only: ``SharedExpertMLP.forward`` calls it
+    and then multiplies by its optional gate, which so stays outside the checkpoint -- that
+    product's backward reads the fc2 output, and with the gate's own use of the norm output
+    outside, the gradient sums into the norm output keep the order of the run without
+    recompute (checkpointing the gated forward whole changes their order in the last bits)."""
+    _, mlp, variance = _flags(instance.config)
+    if not mlp or not _is_shared_expert(instance) or not _training_call(instance):
+        return wrapped(*args, **kwargs)
+    verify(instance.config)
+    defer = (last_linear(instance, "linear_fc2"),) if variance else ()
+    return checkpoint_block(wrapped, args, kwargs, defer)
+
+
+def _is_shared_expert(module) -> bool:
+    shared = sys.modules.get("megatron.core.transformer.moe.shared_experts")
+    return shared is not None and isinstance(module, shared.SharedExpertMLP)
+
+
+# ----------------------------------------------------------------------------- deferred linear
+
+
+def row_parallel_forward_impl(wrapped, instance, args, kwargs):
+    if id(instance) not in deferred_ids():
+        return wrapped(*args, **kwargs)
+    from .deferred import forward_impl
+
+    return forward_impl(args, kwargs)
+
+
+def reduce_passes_deferred(wrapped, instance, args, kwargs):
+    """The all-reduce after a deferred linear: its backward is the identity, its forward is
+    not needed (the output is a placeholder)."""
+    tensor = args[0] if args else kwargs.get("input_")
+    if getattr(tensor, MARK, False):
+        return tensor
+    return wrapped(*args, **kwargs)
