@@ -19,6 +19,10 @@ def main(argv):
         return
     path = os.path.abspath(target)
     sys.argv = [path, *rest]
+    # `python -m` put the working directory first on sys.path; `torchrun SCRIPT` would not, and
+    # a directory there named like a package (tensorboard/, say) would shadow it
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     # the script's own imports (gpt_builders, model_provider) resolve from its directory, which
     # goes after site-packages so a checkout's megatron/core does not shadow pip's
     script_dir = os.path.dirname(path)

@@ -6,7 +6,7 @@ and collective plumbing that every run needs) and ``DESCRIPTION``, and implement
 """
 
 from . import (collectives, device_swap, megatron_args, mla_local, moe_device_balance, mtp_flags,
-               recompute, training_setup, upstream_fixes)
+               recompute, throughput, training_setup, upstream_fixes)
 
 BUILTIN = (device_swap, collectives, megatron_args, training_setup, upstream_fixes, mla_local,
-           mtp_flags, moe_device_balance, recompute)
+           mtp_flags, moe_device_balance, recompute, throughput)

@@ -1,0 +1,105 @@
+# Sourced by the model scripts in examples/<model>/: where things are, how the job is launched,
+# and what a tiny variant (TINY=1) changes. Not meant to be run on its own.
+#
+# Cluster launch (the default): GPUS_PER_NODE devices per node (8), every node runs the same
+# script. Nodes come from a HOSTFILE (one host per line, '#' comments; the first host is the
+# master, this node's rank is its line) or from the usual torchrun variables NNODES, NODE_RANK,
+# MASTER_ADDR, MASTER_PORT. Tiny variants run on one machine with 2 CPU ranks.
+#
+# Paths: MEGATRON_LM_PATH (a Megatron-LM checkout of tag core_v0.16.1, required), WORK_HOME
+# (checkpoints, TensorBoard, logs; default ./runs), EXPNAME (default: the script's model name).
+
+die() { printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
+
+[ -n "${MEGATRON_LM_PATH:-}" ] || die "set MEGATRON_LM_PATH to a Megatron-LM checkout of tag \
+core_v0.16.1 (git clone --branch core_v0.16.1 --depth 1 https://github.com/NVIDIA/Megatron-LM)"
+[ -f "$MEGATRON_LM_PATH/pretrain_gpt.py" ] || die "MEGATRON_LM_PATH=$MEGATRON_LM_PATH has no \
+pretrain_gpt.py; point it at a Megatron-LM checkout of tag core_v0.16.1"
+command -v mmp >/dev/null 2>&1 || die "the mmp command is not on PATH: pip install \
+megatron-musa-patch (or activate the environment that has it, e.g. .venv)"
+
+TINY=${TINY:-0}
+WORK_HOME=${WORK_HOME:-$PWD/runs}
+CHECKPOINT_PATH=${CHECKPOINT_PATH:-$WORK_HOME/checkpoints/$EXPNAME}
+# not "tensorboard/": `mmp run` (python -m) puts the working directory on sys.path, where a
+# directory of that name would shadow the tensorboard package
+TB_PATH=${TB_PATH:-$WORK_HOME/tboard/$EXPNAME}
+mkdir -p "$CHECKPOINT_PATH" "$TB_PATH"
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron requires it with TP/CP > 1 (any device)
+if [ "$TINY" = 1 ]; then
+  export MEGATRON_MUSA_PATCH_DEVICE=${MEGATRON_MUSA_PATCH_DEVICE:-cpu}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  DISTRIBUTED_ARGS=(--standalone --nproc-per-node "${GPUS_PER_NODE:-2}")
+else
+  # MT-Megatron's cluster settings for MCCL and the MUSA runtime; ignored on other devices
+  export MUSA_KERNEL_TIMEOUT=${MUSA_KERNEL_TIMEOUT:-3200000}
+  export MCCL_PROTOS=${MCCL_PROTOS:-2}
+  export MCCL_CHECK_POINTERS=${MCCL_CHECK_POINTERS:-0}
+  export MCCL_IB_GID_INDEX=${MCCL_IB_GID_INDEX:-3}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+  GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+  if [ -n "${HOSTFILE:-}" ]; then
+    [ -f "$HOSTFILE" ] || die "HOSTFILE=$HOSTFILE does not exist"
+    mapfile -t HOSTS < <(grep -v '^[[:space:]]*\(#\|$\)' "$HOSTFILE" | awk '{print $1}')
+    [ "${#HOSTS[@]}" -gt 0 ] || die "HOSTFILE=$HOSTFILE lists no hosts"
+    NNODES=${#HOSTS[@]}
+    MASTER_ADDR=${HOSTS[0]}
+    ME=" $(hostname) $(hostname -f 2>/dev/null) $(hostname -I 2>/dev/null) "
+    NODE_RANK=""
+    for i in "${!HOSTS[@]}"; do
+      case "$ME" in *" ${HOSTS[$i]} "*) NODE_RANK=$i; break ;; esac
+    done
+    [ -n "$NODE_RANK" ] || die "this host ($(hostname)) is not in HOSTFILE=$HOSTFILE; list it \
+by name or address, or set NODE_RANK"
+  fi
+  DISTRIBUTED_ARGS=(
+    --nproc-per-node "$GPUS_PER_NODE"
+    --nnodes "${NNODES:-1}"
+    --node-rank "${NODE_RANK:-0}"
+    --master-addr "${MASTER_ADDR:-localhost}"
+    --master-port "${MASTER_PORT:-12356}"
+  )
+fi
+
+# The local (no TransformerEngine) layer spec, and the upstream switches it needs until the
+# fused-kernel feature lands: each fusion below needs a CUDA extension (Apex/TE) or asserts
+# without TE. Sequence parallelism is not available on the local spec yet, so TP runs without it.
+TRANSFORMER_IMPL_ARGS=(
+  --transformer-impl local
+  --no-gradient-accumulation-fusion
+  --no-masked-softmax-fusion
+  --no-bias-dropout-fusion
+  --no-bias-gelu-fusion
+  --no-bias-swiglu-fusion
+  --no-rope-fusion
+  --no-persist-layer-norm
+)
+
+# data_args TOKENIZER_TYPE: DATA_ARGS for DATA_PATH (weighted prefixes, e.g. `mmp data blend`)
+# and TOKENIZER_MODEL; a tiny variant without DATA_PATH trains on mock data.
+data_args() {
+  if [ -n "${DATA_PATH:-}" ]; then
+    [ -n "${TOKENIZER_MODEL:-}" ] || die "DATA_PATH is set: also set TOKENIZER_MODEL (and \
+TOKENIZER_TYPE if it is not $1)"
+    # shellcheck disable=SC2206 - DATA_PATH is a list of weights and prefixes
+    DATA_ARGS=(
+      --data-path $DATA_PATH
+      --tokenizer-type "${TOKENIZER_TYPE:-$1}"
+      --tokenizer-model "$TOKENIZER_MODEL"
+      --split "${SPLIT:-99,1,0}"
+      --data-cache-path "$WORK_HOME/data-cache"
+    )
+  elif [ "$TINY" = 1 ]; then
+    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE")
+  else
+    die "set DATA_PATH (weights and .bin/.idx prefixes; see 'mmp data blend') and \
+TOKENIZER_MODEL"
+  fi
+}
+
+# run_pretrain_gpt ARGS...: the stock pretrain_gpt.py with the layer active in every rank
+run_pretrain_gpt() {
+  echo "mmp run ${DISTRIBUTED_ARGS[*]} $MEGATRON_LM_PATH/pretrain_gpt.py $*"
+  exec mmp run "${DISTRIBUTED_ARGS[@]}" "$MEGATRON_LM_PATH/pretrain_gpt.py" "$@"
+}

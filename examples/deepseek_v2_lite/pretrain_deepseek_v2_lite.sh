@@ -1,0 +1,146 @@
+#!/bin/bash
+# DeepSeek-V2-Lite (15.7B parameters, 2.4B active) pretraining with the stock Megatron-LM
+# pretrain_gpt.py on a MUSA cluster (8 x MTT S4000 per node; EP8 x DP8 on one node).
+# Multi-latent attention (no query compression in the Lite model), 64 routed experts (top-6) and
+# 2 shared experts in every layer but the first, which is dense.
+#
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   DATA_PATH="$(mmp data blend /data/dsv2)" TOKENIZER_MODEL=/models/DeepSeek-V2-Lite \
+#   HOSTFILE=hostfile bash examples/deepseek_v2_lite/pretrain_deepseek_v2_lite.sh
+#
+# Needs megatron_musa_patch's mla_local feature: upstream MLA fails on the local (no
+# TransformerEngine) spec without it. Not used yet, because their features have not landed:
+# MT-Megatron's device-level MoE balance flags (--moe-device-level-aux-loss-coeff,
+# --moe-comm-aux-loss-coeff), --moe-grouped-gemm (grouped_gemm CUDA kernels), and tensor
+# parallelism with MoE (needs sequence parallelism on the local spec). The tiny variant
+# (pretrain_deepseek_v2_lite_tiny.sh) runs these flags at toy sizes on 2 CPU ranks (EP2).
+set -euo pipefail
+EXPNAME=${EXPNAME:-deepseek_v2_lite}
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+# sizes (the tiny variant overrides them)
+NUM_LAYERS=${NUM_LAYERS:-27}
+HIDDEN_SIZE=${HIDDEN_SIZE:-2048}
+FFN_HIDDEN_SIZE=${FFN_HIDDEN_SIZE:-10944}  # the dense first layer
+NUM_ATTENTION_HEADS=${NUM_ATTENTION_HEADS:-16}
+KV_LORA_RANK=${KV_LORA_RANK:-512}
+QK_HEAD_DIM=${QK_HEAD_DIM:-128}
+QK_POS_EMB_HEAD_DIM=${QK_POS_EMB_HEAD_DIM:-64}
+V_HEAD_DIM=${V_HEAD_DIM:-128}
+NUM_EXPERTS=${NUM_EXPERTS:-64}
+MOE_FFN_HIDDEN_SIZE=${MOE_FFN_HIDDEN_SIZE:-1408}
+SHARED_EXPERT_SIZE=${SHARED_EXPERT_SIZE:-2816}  # 2 shared experts of 1408
+SEQ_LENGTH=${SEQ_LENGTH:-4096}
+VOCAB_SIZE=${VOCAB_SIZE:-102400}  # mock data only; real data takes it from the tokenizer
+TP_SIZE=${TP_SIZE:-1}
+PP_SIZE=${PP_SIZE:-1}
+EP_SIZE=${EP_SIZE:-8}
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-1}
+GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-512}
+TRAIN_ITERS=${TRAIN_ITERS:-250000}
+EVAL_ITERS=${EVAL_ITERS:-10}
+SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
+
+MODEL_ARGS=(
+    --num-layers $NUM_LAYERS
+    --hidden-size $HIDDEN_SIZE
+    --ffn-hidden-size $FFN_HIDDEN_SIZE
+    --num-attention-heads $NUM_ATTENTION_HEADS
+    --seq-length $SEQ_LENGTH
+    --max-position-embeddings $SEQ_LENGTH
+    --position-embedding-type rope
+    --rotary-base 10000
+    --normalization RMSNorm
+    --norm-epsilon 1e-6
+    --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --init-method-std 0.006
+    "${TRANSFORMER_IMPL_ARGS[@]}"
+)
+
+MOE_ARGS=(
+    --num-experts $NUM_EXPERTS
+    --moe-layer-freq "([0]*1+[1]*$((NUM_LAYERS - 1)))"
+    --moe-ffn-hidden-size $MOE_FFN_HIDDEN_SIZE
+    --moe-shared-expert-intermediate-size $SHARED_EXPERT_SIZE
+    --moe-router-topk 6
+    --moe-router-load-balancing-type seq_aux_loss
+    --moe-aux-loss-coeff 1e-3
+    --moe-token-dispatcher-type alltoall
+)
+
+MLA_ARGS=(
+    --multi-latent-attention
+    --kv-lora-rank $KV_LORA_RANK
+    --qk-head-dim $QK_HEAD_DIM
+    --qk-pos-emb-head-dim $QK_POS_EMB_HEAD_DIM
+    --v-head-dim $V_HEAD_DIM
+    --qk-layernorm
+    --rotary-scaling-factor 1  # YaRN rope (MLA's default type) without extension at 4k
+)
+
+TRAINING_ARGS=(
+    --micro-batch-size $MICRO_BATCH_SIZE
+    --global-batch-size $GLOBAL_BATCH_SIZE
+    --train-iters $TRAIN_ITERS
+    --seed 42
+    --use-distributed-optimizer
+    --distributed-backend nccl  # mccl on MUSA, gloo on CPU
+    --log-interval 1
+    --log-throughput
+    --eval-interval $SAVE_INTERVAL
+    --eval-iters $EVAL_ITERS
+    --save-interval $SAVE_INTERVAL
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
+    --tensorboard-dir "$TB_PATH"
+)
+
+# The CPU-offload optimizer (upstream's --optimizer-cpu-offload) needs the offload feature to
+# work off CUDA; until it lands this script does not offload.
+OFFLOAD_ARGS=()
+
+# Upstream's full recompute (fine-grained --attn-recompute/--mlp-recompute come with the
+# recompute feature).
+RECOMPUTE_ARGS=(
+    --recompute-granularity full
+    --recompute-method uniform
+    --recompute-num-layers 1
+)
+
+REGULARIZATION_ARGS=(
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --clip-grad 1.0
+)
+
+LEARNING_RATE_ARGS=(
+    --lr 3.0e-4
+    --min-lr 3.0e-5
+    --lr-decay-style cosine
+    --lr-warmup-iters $(( TRAIN_ITERS / 100 > 0 ? TRAIN_ITERS / 100 : 0 ))
+)
+
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size $TP_SIZE
+    --pipeline-model-parallel-size $PP_SIZE
+    --expert-model-parallel-size $EP_SIZE
+)
+
+MIXED_PRECISION_ARGS=(
+    --bf16
+    --attention-softmax-in-fp32
+    --accumulate-allreduce-grads-in-fp32
+)
+
+data_args HuggingFaceTokenizer  # sets DATA_ARGS (a tokenizer directory)
+
+run_pretrain_gpt \
+    "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MLA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
+    "${OFFLOAD_ARGS[@]}" "${RECOMPUTE_ARGS[@]}" "${REGULARIZATION_ARGS[@]}" \
+    "${LEARNING_RATE_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${MIXED_PRECISION_ARGS[@]}" \
+    "${DATA_ARGS[@]}" "$@"

@@ -1,0 +1,112 @@
+#!/bin/bash
+# Llama-2-7B pretraining with the stock Megatron-LM pretrain_gpt.py on a MUSA cluster
+# (8 x MTT S4000 per node; TP2 x DP4 on one node, more nodes add data parallelism).
+#
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   DATA_PATH="$(mmp data blend /data/llama2)" TOKENIZER_MODEL=/models/llama2/tokenizer.model \
+#   HOSTFILE=hostfile bash examples/llama2_7b/pretrain_llama2_7b.sh
+#
+# The tiny variant (pretrain_llama2_7b_tiny.sh) runs these flags at toy sizes on 2 CPU ranks.
+set -euo pipefail
+EXPNAME=${EXPNAME:-llama2_7b}
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+
+# sizes (the tiny variant overrides them)
+NUM_LAYERS=${NUM_LAYERS:-32}
+HIDDEN_SIZE=${HIDDEN_SIZE:-4096}
+FFN_HIDDEN_SIZE=${FFN_HIDDEN_SIZE:-11008}
+NUM_ATTENTION_HEADS=${NUM_ATTENTION_HEADS:-32}
+SEQ_LENGTH=${SEQ_LENGTH:-4096}
+VOCAB_SIZE=${VOCAB_SIZE:-32000}  # mock data only; real data takes it from the tokenizer
+TP_SIZE=${TP_SIZE:-2}
+PP_SIZE=${PP_SIZE:-1}
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-1}
+GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-1024}
+TRAIN_ITERS=${TRAIN_ITERS:-250000}
+EVAL_ITERS=${EVAL_ITERS:-10}
+SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
+
+MODEL_ARGS=(
+    --num-layers $NUM_LAYERS
+    --hidden-size $HIDDEN_SIZE
+    --ffn-hidden-size $FFN_HIDDEN_SIZE
+    --num-attention-heads $NUM_ATTENTION_HEADS
+    --seq-length $SEQ_LENGTH
+    --max-position-embeddings $SEQ_LENGTH
+    --position-embedding-type rope
+    --rotary-base 10000
+    --normalization RMSNorm
+    --norm-epsilon 1e-5
+    --swiglu
+    --disable-bias-linear
+    --untie-embeddings-and-output-weights
+    --init-method-std 0.02
+    "${TRANSFORMER_IMPL_ARGS[@]}"
+)
+
+MOE_ARGS=()  # dense model
+MLA_ARGS=()  # standard multi-head attention
+
+TRAINING_ARGS=(
+    --micro-batch-size $MICRO_BATCH_SIZE
+    --global-batch-size $GLOBAL_BATCH_SIZE
+    --train-iters $TRAIN_ITERS
+    --seed 42
+    --use-distributed-optimizer
+    --distributed-backend nccl  # mccl on MUSA, gloo on CPU
+    --log-interval 1
+    --log-throughput
+    --eval-interval $SAVE_INTERVAL
+    --eval-iters $EVAL_ITERS
+    --save-interval $SAVE_INTERVAL
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
+    --tensorboard-dir "$TB_PATH"
+)
+
+# The CPU-offload optimizer (upstream's --optimizer-cpu-offload) needs the offload feature to
+# work off CUDA; until it lands this script does not offload.
+OFFLOAD_ARGS=()
+
+# Upstream's full recompute (fine-grained --attn-recompute/--mlp-recompute come with the
+# recompute feature).
+RECOMPUTE_ARGS=(
+    --recompute-granularity full
+    --recompute-method uniform
+    --recompute-num-layers 1
+)
+
+REGULARIZATION_ARGS=(
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --clip-grad 1.0
+)
+
+LEARNING_RATE_ARGS=(
+    --lr 3.0e-4
+    --min-lr 3.0e-5
+    --lr-decay-style cosine
+    --lr-warmup-iters $(( TRAIN_ITERS / 100 > 0 ? TRAIN_ITERS / 100 : 0 ))
+)
+
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size $TP_SIZE
+    --pipeline-model-parallel-size $PP_SIZE
+)
+
+MIXED_PRECISION_ARGS=(
+    --bf16
+    --attention-softmax-in-fp32
+    --accumulate-allreduce-grads-in-fp32
+)
+
+data_args Llama2Tokenizer  # sets DATA_ARGS (SentencePiece tokenizer.model)
+
+run_pretrain_gpt \
+    "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MLA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
+    "${OFFLOAD_ARGS[@]}" "${RECOMPUTE_ARGS[@]}" "${REGULARIZATION_ARGS[@]}" \
+    "${LEARNING_RATE_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${MIXED_PRECISION_ARGS[@]}" \
+    "${DATA_ARGS[@]}" "$@"

@@ -1,0 +1,8 @@
+#!/bin/bash
+# Mixtral-8x7B's script at toy sizes on 2 CPU ranks (EP2, data parallel 2): the same flags,
+# mock data unless DATA_PATH and TOKENIZER_MODEL are set. Extra arguments go to pretrain_gpt.py.
+export TINY=1 NUM_LAYERS=2 HIDDEN_SIZE=64 FFN_HIDDEN_SIZE=128 NUM_ATTENTION_HEADS=4
+export NUM_QUERY_GROUPS=2 SEQ_LENGTH=64 NUM_EXPERTS=4 VOCAB_SIZE=1024 TP_SIZE=1 PP_SIZE=1
+export EP_SIZE=2 MICRO_BATCH_SIZE=2 GLOBAL_BATCH_SIZE=8
+export TRAIN_ITERS=${TRAIN_ITERS:-3} EVAL_ITERS=0 SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
+exec bash "$(dirname "${BASH_SOURCE[0]}")/pretrain_mixtral_8x7b.sh" "$@"

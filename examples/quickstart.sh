@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Quickstart: from a fresh clone to a trained (tiny) Llama-style model on 2 CPU ranks.
+#
+#   bash examples/quickstart.sh            # the whole thing (clones Megatron-LM if needed)
+#   bash examples/quickstart.sh --ci       # CI mode (or --offline): never clones; see below
+#
+# Steps: (1) an environment with the package (scripts/bootstrap.sh -> .venv), (2) Megatron-LM,
+# (3) an offline corpus from text every Python has (help topics + standard-library source),
+# (4) a tokenizer (mmp data train-tokenizer), (5) .bin/.idx pairs (mmp data prepare),
+# (6) DATA_PATH (mmp data blend), (7) training with the stock pretrain_gpt.py through `mmp run`
+# on 2 CPU ranks in TP2, stopping half-way with a checkpoint, (8) resuming from it to the end,
+# then the loss curve and throughput (tokens/s per device, MFU).
+#
+# Megatron-LM (tag core_v0.16.1) is found through MEGATRON_LM_PATH, then the cache
+# ${MMP_CACHE_DIR:-~/.cache/megatron_musa_patch}/Megatron-LM-core_v0.16.1, then a shallow
+# `git clone` into that cache. In --ci mode nothing is cloned: without a checkout the stock
+# steps are skipped (and said so), and the prepared data is trained on through the
+# megatron-core path instead (examples/quickstart/train_core.py: megatron-core's GPTDataset and
+# GPT model, not pretrain_gpt.py), whose resumed losses must equal the uninterrupted run's.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bash examples/quickstart.sh [--ci] [--python PY] [--workdir DIR] [--iters N] [--no-clone]
+  --ci           CI mode (alias --offline): never clone Megatron-LM; without a checkout, train
+                 through megatron-core instead of the stock pretrain_gpt.py
+  --python PY    use this Python environment as it is (skips scripts/bootstrap.sh and .venv)
+  --workdir DIR  corpus, tokenizer, data, checkpoints and logs (default: ./quickstart-run)
+  --iters N      training iterations, checkpoint at N/2 (default 40)
+  --no-clone     do not git clone Megatron-LM when no checkout is found
+environment: MEGATRON_LM_PATH (a core_v0.16.1 checkout), MMP_CACHE_DIR, TORCH_VERSION, PYTHON
+EOF
+}
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$REPO/examples/quickstart
+LM_TAG=core_v0.16.1
+CI=0 PY="" WORKDIR="$PWD/quickstart-run" ITERS=40 CLONE=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ci|--offline) CI=1; CLONE=0 ;;
+    --python) PY=${2:?--python needs a path}; shift ;;
+    --workdir) WORKDIR=${2:?--workdir needs a directory}; shift ;;
+    --iters) ITERS=${2:?--iters needs a number}; shift ;;
+    --no-clone) CLONE=0 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "quickstart: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$ITERS" in ''|*[!0-9]*) echo "quickstart: --iters must be a number >= 4" >&2; exit 2 ;; esac
+[ "$ITERS" -ge 4 ] || { echo "quickstart: --iters must be a number >= 4" >&2; exit 2; }
+HALF=$((ITERS / 2))
+START=$(date +%s)
+NSTEP=0
+step() { NSTEP=$((NSTEP + 1)); printf '\n== [%s] %s\n' "$NSTEP" "$*"; }
+die() { printf '\nquickstart: error: %s\n' "$*" >&2; exit 1; }
+
+# --------------------------------------------------------------------------- 1. environment
+step "environment"
+if [ -n "$PY" ]; then
+  command -v "$PY" >/dev/null 2>&1 || die "--python $PY: no such interpreter"
+  echo "using $PY as it is (no bootstrap)"
+else
+  bash "$REPO/scripts/bootstrap.sh" || die "scripts/bootstrap.sh failed (see above): it needs \
+Python >= 3.10 with venv, and pip access to PyPI for torch, megatron-core and the extras"
+  PY=$REPO/.venv/bin/python
+fi
+# the package without activating it here (importing megatron_musa_patch activates the layer)
+MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 "$PY" -c \
+  "import megatron_musa_patch, megatron.core, tokenizers, transformers" 2>/dev/null || die \
+  "$PY cannot import megatron_musa_patch, megatron.core, tokenizers and transformers. Install \
+them there (pip install \"$REPO[training,data]\"), or drop --python to let scripts/bootstrap.sh \
+make .venv"
+mmp() { "$PY" -c 'import _megatron_musa_patch_boot as boot; boot.cli()' "$@"; }
+CORES=$(nproc 2>/dev/null || echo 2)
+THREADS=$((CORES / 2)); [ "$THREADS" -ge 1 ] || THREADS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS}  # 2 ranks share the cores
+export MEGATRON_MUSA_PATCH_DEVICE=${MEGATRON_MUSA_PATCH_DEVICE:-cpu}
+echo "$("$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__)')"\
+" | device $MEGATRON_MUSA_PATCH_DEVICE | OMP_NUM_THREADS=$OMP_NUM_THREADS"
+
+# --------------------------------------------------------------------------- 2. Megatron-LM
+step "Megatron-LM ($LM_TAG)"
+CACHE=${MMP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/megatron_musa_patch}/Megatron-LM-$LM_TAG
+LM="" WHY=""
+if [ -n "${MEGATRON_LM_PATH:-}" ]; then
+  [ -f "$MEGATRON_LM_PATH/pretrain_gpt.py" ] || die "MEGATRON_LM_PATH=$MEGATRON_LM_PATH has no \
+pretrain_gpt.py. Point it at a Megatron-LM checkout of tag $LM_TAG (git clone --branch $LM_TAG \
+--depth 1 https://github.com/NVIDIA/Megatron-LM), or unset it"
+  LM=$MEGATRON_LM_PATH
+  echo "MEGATRON_LM_PATH: $LM"
+elif [ -f "$CACHE/pretrain_gpt.py" ]; then
+  LM=$CACHE
+  echo "cached checkout: $LM"
+elif [ "$CLONE" = 1 ]; then
+  echo "no MEGATRON_LM_PATH and no checkout in $CACHE: cloning tag $LM_TAG there"
+  mkdir -p "$(dirname "$CACHE")"
+  rm -rf "$CACHE.partial"
+  LIMIT=(); command -v timeout >/dev/null 2>&1 && LIMIT=(timeout 600)
+  if command -v git >/dev/null 2>&1 && GIT_TERMINAL_PROMPT=0 ${LIMIT[@]+"${LIMIT[@]}"} git clone --quiet \
+      --branch "$LM_TAG" --depth 1 https://github.com/NVIDIA/Megatron-LM "$CACHE.partial"; then
+    mv "$CACHE.partial" "$CACHE"
+    LM=$CACHE
+  else
+    rm -rf "$CACHE.partial"
+    WHY="git clone of https://github.com/NVIDIA/Megatron-LM failed (no git, or no access to GitHub)"
+  fi
+else
+  WHY="MEGATRON_LM_PATH is unset, there is no checkout in $CACHE, and cloning is off ($([ "$CI" = 1 ] && echo --ci || echo --no-clone))"
+fi
+if [ -z "$LM" ] && [ "$CI" = 0 ]; then
+  die "the training steps need Megatron-LM ($LM_TAG) and none was found: $WHY. Fix, either:
+  git clone --branch $LM_TAG --depth 1 https://github.com/NVIDIA/Megatron-LM $CACHE
+  (or clone it anywhere and set MEGATRON_LM_PATH=/path/to/Megatron-LM), then run this again;
+  or run 'bash examples/quickstart.sh --ci', which trains through megatron-core alone."
+fi
+[ -n "$LM" ] || echo "not found: $WHY"
+
+# --------------------------------------------------------------------------- 3-6. data
+mkdir -p "$WORKDIR"
+cd "$WORKDIR"
+step "offline corpus (Python's help topics and standard-library source)"
+"$PY" "$HERE/make_corpus.py" corpus || die "building the corpus failed (see above)"
+
+step "tokenizer: mmp data train-tokenizer"
+mmp data train-tokenizer --input corpus --vocab-size 4096 --output-dir tokenizer --force \
+  || die "mmp data train-tokenizer failed (see above)"
+
+step "tokenize and binarize: mmp data prepare"
+mmp data prepare --input corpus --output-dir data --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model tokenizer --append-eod --workers 2 || die "mmp data prepare failed (see above)"
+
+step "weighted DATA_PATH: mmp data blend"
+DATA_PATH=$(mmp data blend data) || die "mmp data blend failed (see above)"
+echo "DATA_PATH=$DATA_PATH"
+
+# --------------------------------------------------------------------------- 7-8. training
+run_logged() {  # run_logged LOG COMMAND...: the full log to LOG, a short line per iteration here
+  local log=$1 rc
+  shift
+  set +e
+  "$@" 2>&1 | tee "$log" | "$PY" "$HERE/summarize.py" --follow
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" != 0 ]; then
+    echo "---- last lines of $log ----" >&2
+    tail -n 25 "$log" >&2
+    die "training exited with status $rc; the full log is $log"
+  fi
+}
+TORCHRUN=(run --standalone --nproc-per-node 2)
+rm -rf checkpoints
+if [ -n "$LM" ]; then
+  # a tiny Llama: RMSNorm, SwiGLU, GQA, RoPE, no biases, untied embeddings. The --no-*-fusion
+  # switches and --transformer-impl local are what the local (no TransformerEngine) spec needs
+  # on CPU until the fused-kernel feature lands.
+  ARGS=(
+    --transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
+    --no-bias-dropout-fusion --no-bias-gelu-fusion --no-bias-swiglu-fusion --no-rope-fusion
+    --no-persist-layer-norm
+    --num-layers 4 --hidden-size 128 --ffn-hidden-size 352 --num-attention-heads 4
+    --group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 128
+    --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear
+    --untie-embeddings-and-output-weights --hidden-dropout 0 --attention-dropout 0
+    --tensor-model-parallel-size 2 --distributed-backend nccl
+    --micro-batch-size 4 --global-batch-size 16 --train-iters "$ITERS"
+    --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 4 --lr-decay-style cosine --weight-decay 0.01
+    --clip-grad 1.0 --seed 1234 --use-cpu-initialization
+    --data-path $DATA_PATH --split 100,0,0 --data-cache-path data-cache
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer
+    --log-interval 1 --eval-iters 0 --eval-interval 1000000
+    --save checkpoints --save-interval "$HALF"
+  )
+  step "train with the stock pretrain_gpt.py (mmp run, 2 CPU ranks, TP2): iterations 1-$HALF, then a checkpoint"
+  run_logged train-1.log mmp "${TORCHRUN[@]}" "$LM/pretrain_gpt.py" "${ARGS[@]}" --exit-interval "$HALF"
+  [ "$(cat checkpoints/latest_checkpointed_iteration.txt 2>/dev/null)" = "$HALF" ] \
+    || die "no checkpoint at iteration $HALF in $WORKDIR/checkpoints (see train-1.log)"
+  step "resume from the checkpoint: iterations $((HALF + 1))-$ITERS"
+  run_logged train-2.log mmp "${TORCHRUN[@]}" "$LM/pretrain_gpt.py" "${ARGS[@]}" --load checkpoints
+  grep -q "successfully loaded checkpoint from checkpoints .*at iteration $HALF" train-2.log \
+    || die "the second run did not resume from iteration $HALF (see train-2.log)"
+  echo "(Megatron logs the mean of two iterations on the second line after a resume.)"
+  PATH_TAKEN="stock pretrain_gpt.py from $LM"
+else
+  echo
+  echo "SKIPPED: the stock pretrain_gpt.py steps ($WHY)."
+  echo "Training on the same data through the megatron-core path instead: megatron-core's own"
+  echo "GPTDataset, GPT model, optimizer and dist_checkpointing (examples/quickstart/train_core.py),"
+  echo "not the stock script."
+  CORE=(--data-path "$DATA_PATH" --tokenizer-model tokenizer --tp 2 --iters "$ITERS"
+        --cache data-cache)
+  step "train through megatron-core (mmp run, 2 CPU ranks, TP2): iterations 1-$ITERS, checkpoint at $HALF"
+  run_logged train-1.log mmp "${TORCHRUN[@]}" "$HERE/train_core.py" "${CORE[@]}" \
+    --save checkpoints --save-at "$HALF" --losses losses-1.json
+  step "resume from the checkpoint at $HALF: iterations $((HALF + 1))-$ITERS"
+  run_logged train-2.log mmp "${TORCHRUN[@]}" "$HERE/train_core.py" "${CORE[@]}" \
+    --load checkpoints --losses losses-2.json
+  "$PY" - <<'EOF' || die "the resumed run's losses differ from the uninterrupted run's"
+import json
+first, resumed = json.load(open("losses-1.json")), json.load(open("losses-2.json"))
+worst = max(abs(first[k] - v) for k, v in resumed.items())
+print(f"resumed iterations {min(map(int, resumed))}-{max(map(int, resumed))}: max |loss - "
+      f"uninterrupted| = {worst:.2e}")
+raise SystemExit(0 if resumed and worst <= 1e-5 else 1)
+EOF
+  PATH_TAKEN="megatron-core path (no Megatron-LM checkout)"
+fi
+
+# --------------------------------------------------------------------------- summary
+step "loss curve and throughput ($PATH_TAKEN)"
+if [ -n "$LM" ]; then LOGS=(train-1.log train-2.log); else LOGS=(train-1.log); fi
+"$PY" "$HERE/summarize.py" "${LOGS[@]}" --json summary.json || die "training did not learn (see above)"
+echo
+echo "quickstart finished in $(( $(date +%s) - START )) s; everything is in $WORKDIR"

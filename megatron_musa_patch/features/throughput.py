@@ -1,0 +1,227 @@
+"""Tokens/s per device and MFU in Megatron-LM's training log.
+
+Two wraps in ``megatron.training.training``:
+
+* ``train``: before the loop starts (and its interval timer with it) the FLOPs of the model are
+  counted from ``args`` (``megatron_musa_patch.flops``) and the device's peak is resolved
+  (``--device-peak-tflops``, else the peak table, else on the CPU a short GEMM benchmark run by
+  all ranks together); rank 0 prints both once, with upstream's own count beside ours.
+* ``print_rank_last`` as ``training_log`` calls it: the iteration line gets
+  ``tokens/s/device``, ``model TFLOP/s/device`` and ``MFU`` right after upstream's
+  ``elapsed time per iteration (ms)``, computed from that same elapsed time and the line's
+  ``global batch size``. Other messages pass unchanged.
+
+Reading the two numbers off the line keeps the new fields consistent with upstream's timing
+(its interval timer is reset inside ``training_log``, so it cannot be read afterwards).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from typing import Optional
+
+from ..errors import ArgumentError, FeatureUnavailableError
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "throughput"
+REQUIRED = False
+DESCRIPTION = "tokens/s per device and MFU in the training log (FLOPs counted for the model)"
+
+TRAINING = "megatron.training.training"
+ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+) \|")
+BATCH = re.compile(r"global batch size: +(\d+) \|")
+
+#: what ``train`` resolved: args, peak (Peak or None), why there is no peak
+_STATE: dict = {}
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch(
+        "throughput.train", f"{TRAINING}:train", "wrap", _train, FEATURE,
+        why="count the model's FLOPs and resolve the device peak before the training loop"))
+    registry.add(Patch(
+        "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap", _print_rank_last, FEATURE,
+        why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line"))
+
+
+@hookimpl
+def mmp_add_arguments(parser):
+    group = parser.add_argument_group("throughput and MFU (megatron_musa_patch)")
+    group.add_argument(
+        "--device-peak-tflops", type=float, default=None,
+        help="Peak dense TFLOP/s of one device in the training dtype, the denominator of MFU. "
+             "Default: the peak table (MUSA S4000/S5000, NVIDIA A100/H100/H200/...), or on the "
+             "CPU a short matrix-multiply benchmark at start-up.")
+    group.add_argument(
+        "--no-throughput-log", dest="throughput_log", action="store_false",
+        help="Do not add tokens/s/device and MFU to the training log.")
+
+
+@hookimpl
+def mmp_validate_args(args, device):
+    peak = getattr(args, "device_peak_tflops", None)
+    if peak is not None and not peak > 0:
+        raise ArgumentError(f"--device-peak-tflops must be a positive number of TFLOP/s per "
+                            f"device, not {peak}; remove it to use the peak table or the CPU "
+                            f"benchmark.")
+    if peak is not None:
+        from .. import activation
+
+        registry = activation.current().registry
+        problems = registry.feature_problems(FEATURE)
+        if problems:
+            raise FeatureUnavailableError(
+                f"--device-peak-tflops needs the '{FEATURE}' feature, whose patches did not "
+                f"apply: {problems[0]}")
+        if FEATURE in registry.disabled_features:
+            raise ArgumentError(
+                f"--device-peak-tflops has no effect: the '{FEATURE}' feature is switched off "
+                f"(MEGATRON_MUSA_PATCH_DISABLE/ONLY); remove the flag or switch it back on.")
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+def _train(wrapped, instance, args, kwargs):
+    from megatron.training.global_vars import get_args
+
+    margs = get_args()
+    if getattr(margs, "throughput_log", True):
+        _prepare(margs)
+    return wrapped(*args, **kwargs)
+
+
+def _prepare(margs) -> None:
+    from .. import activation
+    from ..peak_flops import Peak, lookup, measure_matmul, training_dtype
+
+    _STATE.clear()
+    _STATE["args"] = margs
+    dtype = training_dtype(margs)
+    device = activation.current().device
+    peak: Optional[Peak] = None
+    why = ""
+    if getattr(margs, "device_peak_tflops", None):
+        peak = Peak(margs.device_peak_tflops, dtype, "--device-peak-tflops")
+    elif device.name == "cpu":
+        import torch
+
+        distributed = torch.distributed.is_initialized()
+        if distributed:
+            torch.distributed.barrier()  # all ranks at once: in training they share the cores
+        peak = measure_matmul(dtype)
+        if distributed:
+            # one peak for every rank (the start-up line and the log line come from different
+            # ranks): the mean of their measurements
+            world = torch.distributed.get_world_size()
+            total = torch.tensor([peak.tflops], dtype=torch.float64)
+            torch.distributed.all_reduce(total)
+            peak = Peak(float(total.item()) / world, dtype,
+                        f"{peak.source} per rank, all {world} ranks at once (mean)")
+    else:
+        import torch
+
+        name = torch.cuda.get_device_properties(0).name
+        peak, why = lookup(name, dtype)
+    _STATE["peak"], _STATE["why"] = peak, why
+    if _rank() == 0:
+        print(_startup_line(margs, peak, why), flush=True)
+
+
+def _startup_line(margs, peak, why) -> str:
+    batch = margs.global_batch_size
+    ours, note = _iteration_flops(margs, batch)
+    if not ours:
+        return (f"megatron_musa_patch throughput: tokens/s only; the model's FLOPs are not "
+                f"counted ({note}), so there is no MFU")
+    line = (f"megatron_musa_patch throughput: model FLOPs per iteration (global batch {batch}) "
+            f"{ours / 1e12:.4g} TFLOP ({note})")
+    upstream = _upstream_flops(margs, batch)
+    if upstream:
+        diff = (ours - upstream) / upstream * 100
+        line += (f"; upstream num_floating_point_operations {upstream / 1e12:.4g} TFLOP "
+                 f"({diff:+.2f}%: {_differences(margs)})"
+                 if abs(diff) > 1e-9 else "; upstream's count is the same")
+    if peak is not None:
+        line += f"; device peak {peak.tflops:.4g} TFLOP/s ({peak.dtype}, {peak.source})"
+    else:
+        line += f"; MFU not shown: {why}; pass --device-peak-tflops"
+    return line
+
+
+def _differences(margs) -> str:
+    """Why upstream's count differs for this model (see megatron_musa_patch.flops)."""
+    why = []
+    if getattr(margs, "num_experts", None):
+        why.append("upstream leaves out the MoE router GEMM")
+    if getattr(margs, "multi_latent_attention", False):
+        why.append("upstream counts the MLA q/kv RMSNorms as GEMM FLOPs")
+    if getattr(margs, "mtp_num_layers", None):
+        why.append("upstream counts the MTP RMSNorms as GEMM FLOPs")
+    return "; ".join(why) or "see megatron_musa_patch.flops"
+
+
+def _iteration_flops(margs, batch):
+    from ..flops import UnsupportedModel, iteration_flops
+
+    try:
+        return iteration_flops(margs, batch), "counted for this model"
+    except UnsupportedModel as exc:
+        upstream = _upstream_flops(margs, batch)
+        return upstream, f"{exc} not modelled: upstream's count"
+
+
+def _upstream_flops(margs, batch) -> Optional[float]:
+    module = sys.modules.get(TRAINING)
+    count = getattr(module, "num_floating_point_operations", None)
+    if count is None:
+        return None
+    try:
+        # upstream writes args.num_query_groups when GQA is off: give it a copy
+        return float(count(copy.copy(margs), batch))
+    except Exception:  # noqa: BLE001 - a comparison only; upstream cannot count every model
+        return None
+
+
+def _rank() -> int:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+# --------------------------------------------------------------------------- the log line
+
+
+def _print_rank_last(wrapped, instance, args, kwargs):
+    message = kwargs.get("message", args[0] if args else None)
+    if isinstance(message, str) and _STATE.get("args") is not None:
+        extended = extend_log_line(message, _STATE["args"], _STATE.get("peak"))
+        if extended is not message:
+            return wrapped(extended)
+    return wrapped(*args, **kwargs)
+
+
+def throughput_fields(margs, batch: int, seconds_per_iteration: float, peak) -> str:
+    flops, _ = _iteration_flops(margs, batch)
+    devices = max(1, getattr(margs, "world_size", 1) or 1)
+    tokens = batch * margs.seq_length / seconds_per_iteration / devices
+    tflops = (flops or 0) / seconds_per_iteration / devices / 1e12
+    mfu = f"{100 * tflops / peak.tflops:.2f}%" if peak is not None and flops else "n/a"
+    return (f" tokens/s/device: {tokens:.1f} | model TFLOP/s/device: {tflops:.4g} |"
+            f" MFU: {mfu} |")
+
+
+def extend_log_line(message: str, margs, peak) -> str:
+    """The iteration line with the throughput fields after the elapsed time; any other message
+    is returned as is (the same object)."""
+    elapsed, batch = ELAPSED.search(message), BATCH.search(message)
+    if elapsed is None or batch is None or float(elapsed.group(1)) <= 0:
+        return message
+    fields = throughput_fields(margs, int(batch.group(1)), float(elapsed.group(1)) / 1000, peak)
+    return message[:elapsed.end()] + fields + message[elapsed.end():]
