@@ -8,12 +8,12 @@
 #   DATA_PATH="$(mmp data blend /data/dsv2)" TOKENIZER_MODEL=/models/DeepSeek-V2-Lite \
 #   HOSTFILE=hostfile bash examples/deepseek_v2_lite/pretrain_deepseek_v2_lite.sh
 #
-# Needs megatron_musa_patch's mla_local feature: upstream MLA fails on the local (no
-# TransformerEngine) spec without it. Not used yet, because their features have not landed:
-# MT-Megatron's device-level MoE balance flags (--moe-device-level-aux-loss-coeff,
-# --moe-comm-aux-loss-coeff), --moe-grouped-gemm (grouped_gemm CUDA kernels), and tensor
-# parallelism with MoE (needs sequence parallelism on the local spec). The tiny variant
-# (pretrain_deepseek_v2_lite_tiny.sh) runs these flags at toy sizes on 2 CPU ranks (EP2).
+# Uses megatron_musa_patch's mla_local feature (upstream MLA fails on the local, no
+# TransformerEngine, spec without it), its DeepSeek-V2 device-level MoE balance losses and its
+# fine-grained recompute. Not used yet, because their features have not landed:
+# --moe-grouped-gemm (grouped_gemm CUDA kernels) and tensor parallelism with MoE (needs sequence
+# parallelism on the local spec). The tiny variant (pretrain_deepseek_v2_lite_tiny.sh) runs these
+# flags at toy sizes on 2 CPU ranks (EP2).
 set -euo pipefail
 EXPNAME=${EXPNAME:-deepseek_v2_lite}
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -68,6 +68,9 @@ MOE_ARGS=(
     --moe-router-load-balancing-type seq_aux_loss
     --moe-aux-loss-coeff 1e-3
     --moe-token-dispatcher-type alltoall
+    # DeepSeek-V2's device-level balance (its paper's a2, a3) over the EP devices
+    --moe-device-level-aux-loss-coeff 0.05
+    --moe-comm-aux-loss-coeff 0.02
 )
 
 MLA_ARGS=(
@@ -101,12 +104,12 @@ TRAINING_ARGS=(
 # work off CUDA; until it lands this script does not offload.
 OFFLOAD_ARGS=()
 
-# Upstream's full recompute (fine-grained --attn-recompute/--mlp-recompute come with the
-# recompute feature).
+# Fine-grained recompute: attention and MLP blocks keep only their inputs; the blocks' last
+# linear layers are not re-run in backward (--recompute-variance).
 RECOMPUTE_ARGS=(
-    --recompute-granularity full
-    --recompute-method uniform
-    --recompute-num-layers 1
+    --attn-recompute
+    --mlp-recompute
+    --recompute-variance
 )
 
 REGULARIZATION_ARGS=(

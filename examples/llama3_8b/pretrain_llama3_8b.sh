@@ -72,12 +72,13 @@ TRAINING_ARGS=(
 # work off CUDA; until it lands this script does not offload.
 OFFLOAD_ARGS=()
 
-# Upstream's full recompute (fine-grained --attn-recompute/--mlp-recompute come with the
-# recompute feature).
+# Fine-grained recompute: attention and MLP blocks keep only their inputs (about what full
+# recompute saves), and their last linear layers are not re-run in backward. Upstream's
+# alternative: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 RECOMPUTE_ARGS=(
-    --recompute-granularity full
-    --recompute-method uniform
-    --recompute-num-layers 1
+    --attn-recompute
+    --mlp-recompute
+    --recompute-variance
 )
 
 REGULARIZATION_ARGS=(

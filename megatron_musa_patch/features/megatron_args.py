@@ -1,5 +1,9 @@
 """Megatron's command line: plugin argument groups, validation, and configs.
 
+Each plugin's flags are remembered by owner, so a flag of a feature that is switched off
+(``MEGATRON_MUSA_PATCH_DISABLE``/``ONLY``) or whose patches failed is an error naming the flag,
+the feature and why, instead of a flag that silently does nothing.
+
 Wraps ``megatron.training.arguments.parse_args`` so every plugin's ``mmp_add_arguments`` runs
 on Megatron's own parser (after the script's ``extra_args_provider``), ``validate_args`` so
 every plugin's ``mmp_validate_args`` runs before Megatron's checks, and the builders of the
@@ -10,8 +14,12 @@ once the arguments are parsed: by then Megatron's modules are imported.
 
 from __future__ import annotations
 
+from ..errors import FeatureUnavailableError
 from ..hookspecs import hookimpl
 from ..registry import Patch
+
+#: plugin name -> the argparse actions its mmp_add_arguments added (filled by parse_args)
+FLAG_OWNERS = {}
 
 FEATURE = "megatron_args"
 REQUIRED = True
@@ -51,7 +59,7 @@ def _parse_args(wrapped, instance, args, kwargs):
     def provider(parser):
         if user_provider is not None:
             parser = user_provider(parser) or parser
-        activation.current().plugins.hook.mmp_add_arguments(parser=parser)
+        add_plugin_arguments(activation.current().plugins, parser)
         return parser
 
     call["extra_args_provider"] = provider
@@ -65,8 +73,37 @@ def _validate_args(wrapped, instance, args, kwargs):
 
     state = activation.current()
     call = _bind(args, kwargs, ("args", "defaults"))
+    check_unavailable_flags(call["args"], state.registry)
     state.plugins.hook.mmp_validate_args(args=call["args"], device=state.device)
     return wrapped(*args, **kwargs)
+
+
+def add_plugin_arguments(plugins, parser) -> None:
+    """Run every plugin's ``mmp_add_arguments`` and remember which flags each one added."""
+    FLAG_OWNERS.clear()
+    for impl in plugins.hook.mmp_add_arguments.get_hookimpls():
+        before = len(parser._actions)
+        impl.function(parser=parser)
+        FLAG_OWNERS.setdefault(impl.plugin_name, []).extend(parser._actions[before:])
+
+
+def check_unavailable_flags(args, registry) -> None:
+    """A flag given (not at its default) whose feature is off or broken is an error."""
+    for feature, actions in FLAG_OWNERS.items():
+        if feature in registry.disabled_features:
+            why = "which is switched off (MEGATRON_MUSA_PATCH_DISABLE / MEGATRON_MUSA_PATCH_ONLY)"
+            fix = "switch the feature back on, or remove the flag"
+        else:
+            problems = registry.feature_problems(feature)
+            if not problems:
+                continue
+            why = f"whose patches failed: {problems[0]}"
+            fix = "see `mmp doctor`"
+        for action in actions:
+            if getattr(args, action.dest, action.default) != action.default:
+                flag = max(action.option_strings, key=len, default=action.dest)
+                raise FeatureUnavailableError(
+                    f"{flag} belongs to the feature '{feature}', {why}; {fix}.")
 
 
 def _transformer_config(wrapped, instance, args, kwargs):

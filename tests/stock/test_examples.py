@@ -46,7 +46,8 @@ def test_tiny_variant_trains_checkpoints_and_logs_mfu(model, lm_path, tmp_path):
     # the script's own arguments reached Megatron (bf16, distributed optimizer, recompute)
     assert re.search(r"bf16 \.+ True", log) and re.search(r"use_distributed_optimizer \.+ True",
                                                           log)
-    assert re.search(r"recompute_granularity \.+ full", log)
+    for flag in ("attn_recompute", "mlp_recompute", "recompute_variance"):
+        assert re.search(rf"{flag} \.+ True", log), flag
     ckpt = tmp_path / "checkpoints" / model / "latest_checkpointed_iteration.txt"
     assert ckpt.read_text().strip() == "3"
     fields = FIELDS.findall(log)
@@ -63,6 +64,7 @@ def test_deepseek_tiny_is_mla_and_moe(lm_path, tmp_path):
     assert re.search(r"multi_latent_attention \.+ True", log)
     assert re.search(r"moe_layer_freq \.+ \[0, 1, 1\]", log)
     assert "seq_load_balancing_loss" in log
+    assert "device_level_balancing_loss" in log and "communication_balancing_loss" in log
     # MoE and MLA: our count and upstream's differ, and the start-up line says why
     assert "upstream leaves out the MoE router GEMM" in log
     assert "upstream counts the MLA q/kv RMSNorms as GEMM FLOPs" in log

@@ -75,3 +75,12 @@ def test_shared_expert_overlap_matches_no_overlap(lm_path):
     plain = run_stock(lm_path, moe, iters=3)[0]
     overlap = run_stock(lm_path, [*moe, "--moe-shared-expert-overlap"], iters=3)[0]
     assert overlap == plain
+
+
+def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):
+    with pytest.raises(AssertionError) as failed:
+        run_stock(lm_path, ["--num-experts", "4", "--moe-device-level-aux-loss-coeff", "0.1"],
+                  iters=1, env={"MEGATRON_MUSA_PATCH_DISABLE": "moe_device_balance"})
+    message = " ".join(str(failed.value).split())
+    assert ("--moe-device-level-aux-loss-coeff belongs to the feature 'moe_device_balance', "
+            "which is switched off") in message
