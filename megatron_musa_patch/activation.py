@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from packaging.specifiers import SpecifierSet
+
 from . import versions
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
 
@@ -126,6 +128,18 @@ def check_lm_path() -> None:
             f"MEGATRON_LM_PATH={path} is not a Megatron-LM checkout (no "
             f"megatron/training/__init__.py there). Point it at a checkout of tag core_v0.16.1, "
             f"e.g. `git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`."
+        )
+    if os.environ.get("MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED", "") == "1":
+        return
+    found = versions.megatron_lm_version(path)
+    if found is None or found not in SpecifierSet(versions.VERIFIED_MEGATRON, prereleases=True):
+        what = (f"is Megatron-LM {found}" if found is not None else
+                "has no readable version (megatron/core/package_info.py)")
+        raise MegatronMusaPatchError(
+            f"MEGATRON_LM_PATH={path} {what}, but this layer's patches were verified on "
+            f"Megatron-LM {versions.VERIFIED_MEGATRON} (tag core_v0.16.1). Check out that tag "
+            f"(`git -C {path} checkout core_v0.16.1`) or point MEGATRON_LM_PATH at such a "
+            f"checkout; set MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try this one anyway."
         )
 
 

@@ -2,13 +2,22 @@
 
 Takes torchrun's own options (``--nproc-per-node``, ``--nnodes``, ``--rdzv-*``, ``--master-*``,
 ``--node-rank`` ...), parsed by torchrun's parser, so multi-node launches work unchanged.
+
+When a rank dies, torchrun stops the others and the job ends (no hang); ``mmp run`` then says
+which rank failed first and how (killed by a signal, or its exit status), which ranks were only
+stopped because of it, and which checkpoint a restart resumes from.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from typing import List
+from typing import Dict, List, Optional
+
+from .errors import ArgumentError
+
+TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def run(argv: List[str]) -> int:
@@ -19,6 +28,12 @@ def run(argv: List[str]) -> int:
     parser = get_args_parser()
     parser.prog = "mmp run"
     args = parser.parse_args(argv)
+    script_args = list(args.training_script_args)
+    if not args.no_python and not args.module and not os.path.isfile(args.training_script):
+        raise ArgumentError(
+            f"mmp run: the training script {args.training_script} does not exist (relative to "
+            f"{os.getcwd()}). Fix the path (for Megatron-LM: $MEGATRON_LM_PATH/pretrain_gpt.py), "
+            f"or pass -m for a module.")
     # every Python process the job starts (data-loader or checkpoint workers too) activates
     os.environ["MEGATRON_MUSA_PATCH"] = "1"
     if not args.no_python:
@@ -29,8 +44,115 @@ def run(argv: List[str]) -> int:
     try:
         torchrun(args)
     except ChildFailedError as exc:
-        failures = ", ".join(
-            f"rank {rank} (exit {failure.exitcode})" for rank, failure in exc.failures.items())
-        print(f"mmp run: {failures} failed; the first error is printed above.", file=sys.stderr)
+        stop_leftovers(failure.pid for failure in exc.failures.values())
+        print(failure_report(exc.failures, script_args), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def stop_leftovers(rank_pids, grace_s: float = 5.0) -> List[int]:
+    """Stop what a dead rank left running. torchrun starts each rank as the leader of its own
+    process group and, on failure, signals the groups of the ranks still alive, not of the dead
+    one: the children of a rank killed from outside -- megatron-core's checkpoint writer starts a
+    multiprocessing Manager -- then live on forever, holding the job's stdout open (a `| tee`
+    never ends). Returns the groups that had to be signalled."""
+    import time
+
+    signalled = []
+    for pid in set(rank_pids):
+        if not pid or pid <= 0:
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)  # a group id is not reused while it has members
+        except (ProcessLookupError, PermissionError):
+            continue
+        signalled.append(pid)
+    deadline = time.monotonic() + grace_s
+    for pid in signalled:
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.1)
+        if _group_alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return signalled
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exit {exitcode}"
+
+
+def _order(item):
+    """Who failed first: a rank killed by a signal other than SIGTERM (SIGTERM is how torchrun
+    stops the others), then one that exited with an error, then one that was only stopped."""
+    rank, failure = item
+    code = failure.exitcode
+    kind = 0 if code < 0 and -code != signal.SIGTERM else (1 if code > 0 else 2)
+    return kind, getattr(failure, "timestamp", 0), rank
+
+
+def failure_report(failures: Dict[int, object], script_args: List[str]) -> str:
+    """The paragraph ``mmp run`` prints when ranks failed: the rank that failed first and how,
+    the others, and where a restart resumes."""
+    ranked = sorted(failures.items(), key=_order)
+    first_rank, first = ranked[0]
+    where = f"local rank {first.local_rank}, pid {first.pid}"
+    if first.exitcode < 0 and -first.exitcode != signal.SIGTERM:
+        lead = (f"rank {first_rank} ({where}) was {_how(first.exitcode)}: it did not fail on its "
+                f"own, something outside the job ended it (the out-of-memory killer, the "
+                f"scheduler, a user)")
+    elif first.exitcode > 0:
+        lead = f"rank {first_rank} ({where}) failed first ({_how(first.exitcode)}); its error " \
+               f"is printed above"
+    else:
+        lead = f"rank {first_rank} ({where}) was {_how(first.exitcode)} from outside the job"
+    others = [f"rank {r} ({_how(f.exitcode)})" for r, f in ranked[1:]]
+    text = f"mmp run: {lead}."
+    if others:
+        text += (f" The other ranks were stopped because of it: {', '.join(others)} (errors "
+                 f"they printed, such as a lost connection, follow from it).")
+    text += " " + _resume_hint(script_args)
+    return text
+
+
+def _flag_value(args: List[str], flag: str) -> Optional[str]:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _resume_hint(script_args: List[str]) -> str:
+    save = _flag_value(script_args, "--save")
+    if save is None:
+        return "The job ended without finishing."
+    try:
+        with open(os.path.join(save, TRACKER), encoding="utf-8") as f:
+            latest = f.read().strip()
+    except OSError:
+        return f"No checkpoint was completed in {save} yet (no {TRACKER})."
+    if not latest.isdigit():
+        return f"{os.path.join(save, TRACKER)} holds {latest[:20]!r}, not an iteration."
+    load = _flag_value(script_args, "--load")
+    how = "the same command" if load and os.path.realpath(load) == os.path.realpath(save) \
+        else f"the same command with --load {save}"
+    return (f"The latest complete checkpoint in {save} is iteration {latest} (named by {TRACKER}; "
+            f"a checkpoint being written when the job ended is not); rerun {how} to resume "
+            f"from it.")

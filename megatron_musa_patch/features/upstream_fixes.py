@@ -13,7 +13,9 @@ Without TransformerEngine / Apex:
   the state-dict template first) fails with a bare AssertionError; its ``load_state_dict``
   then gives every parameter *one shared* ``step`` tensor (torch's Adam increments it once
   per parameter per step), and the parameter-state copy overwrites its value: after loading,
-  each parameter gets its own ``step`` holding the checkpoint's value.
+  each parameter gets its own ``step`` holding the checkpoint's value. The legacy format
+  (``--ckpt-format torch``) saves the parameter state without that ``step`` and its loader
+  copies every key of the live state (KeyError): the loaded ``step`` is kept.
 
 With the fp32 distributed optimizer:
 
@@ -66,6 +68,12 @@ def mmp_register_patches(registry, device):
         "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _without_grad,
         FEATURE, why="fp32 main params are views of grad-requiring params: copy without autograd"))
     registry.add(Patch(
+        "upstream.distopt_legacy_param_state_step",
+        "megatron.core.optimizer.distrib_optimizer:"
+        "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _keep_loaded_step,
+        FEATURE, condition=_distopt_without_apex_or_te,
+        why="--ckpt-format torch parameter state has no per-parameter step: keep the loaded one"))
+    registry.add(Patch(
         "upstream.optimizer_config_te_version",
         "megatron.core.optimizer.optimizer_config:is_te_min_version", "wrap",
         _false_without_te, FEATURE, condition=_te_missing,
@@ -117,6 +125,17 @@ def _without_grad(wrapped, instance, args, kwargs):
 
     with torch.no_grad():
         return wrapped(*args, **kwargs)
+
+
+def _keep_loaded_step(wrapped, instance, args, kwargs):
+    call = dict(zip(("model_param", "tensors"), args), **kwargs)
+    if not instance.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+        group_index, group_order = instance.model_param_group_index_map[call["model_param"]]
+        main_param = instance.optimizer.param_groups[group_index]["params"][group_order]
+        state = instance.optimizer.state[main_param]
+        if "step" in state and "step" not in call["tensors"]:
+            call["tensors"] = {**call["tensors"], "step": state["step"]}
+    return wrapped(**call)
 
 
 def _checkpoint_without_output_init(wrapped, instance, args, kwargs):

@@ -1,0 +1,124 @@
+"""Training data checked where megatron-core opens it (``GPTDataset.build_low_level_dataset``).
+
+Upstream opens each ``--data-path`` prefix with ``IndexedDataset`` and trusts it: a missing pair
+fails with an AttributeError from ``__del__``, a truncated ``.bin`` with a numpy buffer error,
+and token ids the tokenizer does not have reach the embedding, which fails with "index out of
+range" (or, on a GPU, a device-side assert) when the id is past the padded vocabulary and trains
+silently on garbage rows when it is not. Here every prefix is checked like ``mmp data blend``
+checks it (both files present, sizes consistent, not empty), and its token ids are compared with
+the training tokenizer's ``vocab_size`` (all of them up to ``SCAN_TOKENS`` per file, evenly spaced
+windows beyond that), so data tokenized with another vocabulary stops the job at start-up with
+the file, the document and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..data.errors import DataError
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "data_checks"
+REQUIRED = False
+DESCRIPTION = "--data-path pairs checked at start-up: present, undamaged, token ids within the " \
+              "tokenizer's vocabulary"
+
+#: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids
+SCAN_TOKENS = 1 << 26
+_WINDOWS = 64
+_checked = {}
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    registry.add(Patch(
+        "data_checks.gpt_low_level_dataset",
+        "megatron.core.datasets.gpt_dataset:GPTDataset.build_low_level_dataset", "wrap",
+        _build_low_level_dataset, FEATURE,
+        why="check each --data-path pair and its token ids against the tokenizer"))
+
+
+def _build_low_level_dataset(wrapped, instance, args, kwargs):
+    call = dict(zip(("dataset_path", "config"), args), **kwargs)
+    path, config = call.get("dataset_path"), call.get("config")
+    if not isinstance(path, str) or "://" in path or getattr(config, "mock", False):
+        return wrapped(*args, **kwargs)  # object storage or mock data: nothing on disk here
+    check_pair(path)
+    dataset = wrapped(*args, **kwargs)
+    tokenizer = getattr(config, "tokenizer", None)
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab:
+        check_token_range(path, dataset, int(vocab), tokenizer_name(tokenizer))
+    return dataset
+
+
+def tokenizer_name(tokenizer) -> str:
+    """The class doing the tokenizing: megatron-core's new tokenizer API wraps a library
+    tokenizer (``DefaultTokenizerText`` around e.g. ``NullTokenizer``) in ``_tokenizer``."""
+    return type(getattr(tokenizer, "_tokenizer", None) or tokenizer).__name__
+
+
+def check_pair(prefix: str) -> None:
+    """Both files present, sizes consistent, not empty: ``mmp data blend``'s checks."""
+    from ..data.blend import check
+
+    shard = check(prefix)
+    if shard.problem is None:
+        return
+    missing = not os.path.exists(prefix + ".bin") and not os.path.exists(prefix + ".idx")
+    what = ("no such .bin/.idx pair (looked for " + prefix + ".bin and " + prefix + ".idx)"
+            if missing else shard.problem)
+    fix = ("check the prefix: --data-path takes the path without .bin/.idx (as `mmp data "
+           "blend DIR` prints it)" if missing else
+           "rebuild it (`mmp data prepare` redoes pairs that are not complete), or leave it out "
+           "of --data-path (`mmp data blend --skip-bad-shards` lists the usable ones)")
+    raise DataError(f"--data-path {prefix}: {what}. Fix: {fix}.")
+
+
+def check_token_range(prefix: str, dataset, vocab_size: int, tokenizer_name: str) -> None:
+    """Raise DataError when a token id of ``prefix`` is not in ``[0, vocab_size)``."""
+    key = (os.path.realpath(prefix + ".bin"), vocab_size)
+    if key in _checked:
+        return
+    index = dataset.index
+    dtype = np.dtype(index.dtype)
+    total = int(index.sequence_lengths.astype(np.int64).sum())
+    found = first_out_of_range(prefix + ".bin", dtype, total, vocab_size)
+    _checked[key] = True
+    if found is None:
+        return
+    position, token = found
+    pointers = index.sequence_pointers // dtype.itemsize
+    sequence = int(np.searchsorted(pointers, position, side="right") - 1)
+    document = int(np.searchsorted(index.document_indices, sequence, side="right") - 1)
+    raise DataError(
+        f"--data-path {prefix}: token id {token} (document {document}) is outside the training "
+        f"tokenizer's vocabulary ({tokenizer_name}, vocab_size {vocab_size}), so this data was "
+        f"tokenized with a different, larger vocabulary. Fix: train with the tokenizer the data "
+        f"was prepared with (--tokenizer-type, --tokenizer-model, --vocab-size), or tokenize the "
+        f"data again with this one (`mmp data prepare`).")
+
+
+def first_out_of_range(bin_path: str, dtype, total: int, vocab_size: int):
+    """(position, id) of the first id outside ``[0, vocab_size)`` found, or None. Reads every id of a file
+    up to SCAN_TOKENS, and evenly spaced windows of that many in all beyond."""
+    if total == 0:
+        return None
+    ids = np.memmap(bin_path, dtype=dtype, mode="r", shape=(total,))
+    if total <= SCAN_TOKENS:
+        spans = [(0, total)]
+    else:
+        width = SCAN_TOKENS // _WINDOWS
+        starts = np.linspace(0, total - width, _WINDOWS).astype(np.int64)
+        spans = [(int(s), int(s) + width) for s in starts]
+    step = 1 << 22
+    for start, end in spans:
+        for lo in range(start, end, step):
+            chunk = ids[lo:min(end, lo + step)]
+            if int(chunk.max()) >= vocab_size or int(chunk.min()) < 0:
+                at = int(np.argmax((chunk >= vocab_size) | (chunk < 0)))
+                return lo + at, int(chunk[at])
+    return None
