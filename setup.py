@@ -18,9 +18,75 @@ class build_py_with_pth(build_py):  # noqa: N801 - setuptools command naming
         super().run()
         target = os.path.join(self.build_lib, PTH)
         self.copy_file(os.path.join(HERE, PTH), target, preserve_mode=0)
+        # the kernel sources travel inside the package, for first-use builds from a wheel
+        if os.path.isdir(os.path.join(HERE, "csrc")):
+            self.copy_tree(os.path.join(HERE, "csrc"),
+                           os.path.join(self.build_lib, "megatron_musa_patch", "csrc"))
 
     def get_outputs(self, include_bytecode=1):
         return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
+
+
+def kernel_build():
+    """Ahead-of-time build of csrc/ (ext_modules, cmdclass), only with MMP_BUILD_KERNELS=1.
+
+    Default installs stay pure Python and never import torch here. With the variable set, torch
+    must be importable in the build environment (pip install --no-build-isolation) and a CUDA
+    (nvcc) or MUSA (torch_musa + mcc) toolchain present; otherwise the build is skipped with a
+    message and the kernels are built on first use instead (megatron_musa_patch/ops/kernels.py)."""
+    if os.environ.get("MMP_BUILD_KERNELS", "") != "1":
+        return [], {}
+
+    def skip(reason):
+        print(f"megatron-musa-patch: MMP_BUILD_KERNELS=1 but not building csrc/: {reason}")
+        return [], {}
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return skip("torch is not importable (use pip install --no-build-isolation)")
+    import importlib.util
+
+    # the flag lists live in kernels.py; load it by path (importing the package activates it)
+    spec = importlib.util.spec_from_file_location(
+        "_mmp_kernels_flags", os.path.join(HERE, "megatron_musa_patch", "ops", "kernels.py"))
+    flags = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flags)
+    csrc = os.path.join(HERE, "csrc")
+    kernels = [os.path.join("csrc", name) for name in flags.KERNEL_SOURCES]
+    binding = os.path.join("csrc", flags.BINDING_SOURCE)
+    include = [os.path.join(csrc, "include")]
+    try:
+        importlib.import_module("torch_musa")
+        musa = True
+    except ImportError:
+        musa = False
+    if musa:
+        from torch_musa.utils.musa_extension import BuildExtension, MUSAExtension
+
+        wrappers = os.path.join("build", "mmp_mu")  # mcc compiles .mu: one-line includes
+        os.makedirs(wrappers, exist_ok=True)
+        mu_sources = []
+        for src in kernels:
+            mu = os.path.join(wrappers, os.path.splitext(os.path.basename(src))[0] + ".mu")
+            with open(mu, "w", encoding="utf-8") as f:
+                f.write(f'#include "{os.path.join(HERE, src)}"\n')
+            mu_sources.append(mu)
+        ext = MUSAExtension("megatron_musa_patch._kernels_musa", [binding] + mu_sources,
+                            include_dirs=include,
+                            extra_compile_args={"cxx": flags.CXX_FLAGS + ["-DUSE_MUSA"],
+                                                "mcc": flags.MCC_FLAGS})
+        return [ext], {"build_ext": BuildExtension}
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+
+    if not torch.version.cuda or CUDA_HOME is None:
+        return skip(f"torch {torch.__version__} is not a CUDA build or CUDA_HOME/nvcc is missing")
+    ext = CUDAExtension("megatron_musa_patch._kernels_cuda", [binding] + kernels, include_dirs=include,
+                        extra_compile_args={"cxx": flags.CXX_FLAGS, "nvcc": flags.NVCC_FLAGS})
+    return [ext], {"build_ext": BuildExtension}
+
+
+EXT_MODULES, EXT_CMDCLASS = kernel_build()
 
 
 def read(name):
@@ -64,7 +130,8 @@ setup(
     entry_points={
         "console_scripts": ["mmp = _megatron_musa_patch_boot:cli"],
     },
-    cmdclass={"build_py": build_py_with_pth},
+    cmdclass={"build_py": build_py_with_pth, **EXT_CMDCLASS},
+    ext_modules=EXT_MODULES,
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

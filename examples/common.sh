@@ -62,18 +62,13 @@ by name or address, or set NODE_RANK"
   )
 fi
 
-# The local (no TransformerEngine) layer spec, and the upstream switches it needs until the
-# fused-kernel feature lands: each fusion below needs a CUDA extension (Apex/TE) or asserts
-# without TE. Sequence parallelism is not available on the local spec yet, so TP runs without it.
+# The local (no TransformerEngine) layer spec with upstream's fusion defaults: the fused_ops
+# feature routes each fusion to a kernel of the selected device, and --use-flash-attn runs core
+# attention through scaled_dot_product_attention (flash kernels on GPUs; upstream's local spec
+# would ignore the flag).
 TRANSFORMER_IMPL_ARGS=(
   --transformer-impl local
-  --no-gradient-accumulation-fusion
-  --no-masked-softmax-fusion
-  --no-bias-dropout-fusion
-  --no-bias-gelu-fusion
-  --no-bias-swiglu-fusion
-  --no-rope-fusion
-  --no-persist-layer-norm
+  --use-flash-attn
 )
 
 # data_args TOKENIZER_TYPE: DATA_ARGS for DATA_PATH (weighted prefixes, e.g. `mmp data blend`)

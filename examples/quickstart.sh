@@ -152,13 +152,11 @@ run_logged() {  # run_logged LOG COMMAND...: the full log to LOG, a short line p
 TORCHRUN=(run --standalone --nproc-per-node 2)
 rm -rf checkpoints
 if [ -n "$LM" ]; then
-  # a tiny Llama: RMSNorm, SwiGLU, GQA, RoPE, no biases, untied embeddings. The --no-*-fusion
-  # switches and --transformer-impl local are what the local (no TransformerEngine) spec needs
-  # on CPU until the fused-kernel feature lands.
+  # a tiny Llama: RMSNorm, SwiGLU, GQA, RoPE, no biases, untied embeddings, on the local (no
+  # TransformerEngine) spec with upstream's fusion defaults (the layer's fused ops) and core
+  # attention through SDPA.
   ARGS=(
-    --transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
-    --no-bias-dropout-fusion --no-bias-gelu-fusion --no-bias-swiglu-fusion --no-rope-fusion
-    --no-persist-layer-norm
+    --transformer-impl local --use-flash-attn
     --num-layers 4 --hidden-size 128 --ffn-hidden-size 352 --num-attention-heads 4
     --group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 128
     --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear

@@ -72,6 +72,9 @@ def _doctor(command: str, rest: List[str]) -> int:
 
             for name, value in versions.summary().items():
                 print(f"{name:20} {value or 'not installed'}")
+            from .ops import kernels
+
+            print(f"{'csrc kernels':20} {kernels.status(state.device.torch_type)}")
             print(f"{'memory statistics':20} {state.device.memory_stats}\n")
         print(table.render_table(state, collapse=not opts.all))
     return 1 if any(r.status == "failed" for r in state.registry.results()) else 0

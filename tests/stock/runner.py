@@ -15,7 +15,8 @@ TIME = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(m
 
 # A tiny GPT that any laptop trains in seconds. Dropout off and CPU initialisation, so layouts
 # start from the same weights and can be compared with the 1-rank run. The --no-*-fusion flags
-# are what the local (no TransformerEngine) spec needs until the fused-kernel feature lands.
+# keep upstream's unfused code as the reference (and avoid torch.compile's first-step cost);
+# tests/stock/test_fusion_defaults.py runs without them.
 TINY = [
     "--transformer-impl", "local", "--distributed-backend", "nccl",
     "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",

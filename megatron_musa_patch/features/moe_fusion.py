@@ -1,0 +1,211 @@
+"""``--moe-permute-fusion`` and ``--moe-grouped-gemm`` without TransformerEngine or the
+``grouped_gemm`` package.
+
+Upstream (megatron-core 0.16.1) without TE: ``--moe-permute-fusion`` fails when the
+TransformerConfig is built (``TransformerConfig.__post_init__`` imports ``fused_permute`` & co.
+from ``moe_utils``, which defines them only when TE imports: ImportError), and
+``moe_utils.permute/unpermute/sort_chunks_by_idxs(fused=True)`` raise "Please install TE".
+``--moe-grouped-gemm`` on the local spec selects the legacy ``GroupedMLP``, which asserts the
+``grouped_gemm`` package and bf16; Megatron-LM's ``validate_args`` also asserts a CUDA compute
+capability >= 8 (``torch.cuda.get_device_capability()``: (0, 0) on the CPU row, MUSA's own
+numbering on MUSA).
+
+This feature, when TE (permute) or the grouped_gemm package (GEMM) is missing:
+
+* provides ``moe_utils.fused_*`` (TE's signatures) from ``ops.moe_permute`` and routes the
+  ``fused=True`` calls of ``permute``/``unpermute``/``sort_chunks_by_idxs`` there (results equal
+  the non-fused path);
+* serves ``grouped_gemm_util.ops.gmm`` from ``ops.grouped_gemm`` (torch's grouped_mm or a loop
+  over experts); ``GroupedMLP`` then also runs in fp32/fp16 (its bf16 assertion guards the
+  package's bf16-only kernel, not the math);
+* lets ``--moe-grouped-gemm`` through Megatron-LM's compute-capability assertion when this
+  implementation serves it.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+
+from ..errors import FeatureUnavailableError
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "moe_fusion"
+REQUIRED = False
+DESCRIPTION = "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm"
+
+MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
+GG_UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
+TE_FUSED = ("fused_permute", "fused_permute_with_probs", "fused_unpermute",
+            "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs")
+#: args attribute marking that --moe-grouped-gemm was hidden from Megatron's capability check
+_HIDDEN = "_mmp_moe_grouped_gemm_hidden"
+
+
+def te_missing() -> bool:
+    return importlib.util.find_spec("transformer_engine") is None
+
+
+def grouped_gemm_package_missing() -> bool:
+    return importlib.util.find_spec("grouped_gemm") is None
+
+
+def _without_te():
+    return True if te_missing() else "TransformerEngine is installed: its fused permute serves"
+
+
+def _without_grouped_gemm():
+    return True if grouped_gemm_package_missing() else "the grouped_gemm package serves"
+
+
+@hookimpl
+def mmp_register_patches(registry, device):
+    from ..ops import moe_permute
+
+    def add(pid, target, kind, impl, condition, why, **extra):
+        registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, condition=condition,
+                           why=why, **extra))
+
+    for name in TE_FUSED:
+        add(name, f"{MOE_UTILS}:{name}", "attribute", getattr(moe_permute, name), _without_te,
+            "--moe-permute-fusion: TE-style fused permute from ops.moe_permute", create=True)
+    add("permute", f"{MOE_UTILS}:permute", "wrap", _permute, _without_te,
+        "--moe-permute-fusion: fused=True permute through ops.moe_permute")
+    add("unpermute", f"{MOE_UTILS}:unpermute", "wrap", _unpermute, _without_te,
+        "--moe-permute-fusion: fused=True unpermute through ops.moe_permute")
+    add("sort_chunks", f"{MOE_UTILS}:sort_chunks_by_idxs", "wrap", _sort_chunks, _without_te,
+        "--moe-permute-fusion: fused=True chunk sort through ops.moe_permute")
+    add("grouped_gemm_package", f"{GG_UTIL}:grouped_gemm", "attribute", _GroupedGemmPackage(),
+        _without_grouped_gemm, "--moe-grouped-gemm: gmm from ops.grouped_gemm", create=True)
+    add("grouped_gemm_ops", f"{GG_UTIL}:ops", "attribute", _GroupedGemmPackage.ops,
+        _without_grouped_gemm, "--moe-grouped-gemm: gmm from ops.grouped_gemm", create=True)
+    add("grouped_mlp_dtype", "megatron.core.transformer.moe.experts:GroupedMLP.forward", "wrap",
+        _grouped_mlp_forward, _without_grouped_gemm,
+        "GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype")
+    add("capability_check", "megatron.training.arguments:validate_args", "wrap",
+        _validate_args, _without_grouped_gemm,
+        "--moe-grouped-gemm passes Megatron-LM's CUDA compute-capability assertion")
+
+
+class _GroupedGemmOps:
+    @staticmethod
+    def gmm(a, b, batch_sizes, trans_b=False):
+        from ..ops.grouped_gemm import gmm
+
+        return gmm(a, b, batch_sizes, trans_b=trans_b)
+
+
+class _GroupedGemmPackage:
+    """Stands in for ``import grouped_gemm`` in megatron-core's ``grouped_gemm_util``."""
+
+    ops = _GroupedGemmOps()
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _requested(args):
+    flags = []
+    if getattr(args, "moe_permute_fusion", False) and te_missing():
+        flags.append("--moe-permute-fusion")
+    if getattr(args, "moe_grouped_gemm", False) and grouped_gemm_package_missing() and (
+            getattr(args, "transformer_impl", "local") == "local" or te_missing()):
+        flags.append("--moe-grouped-gemm")
+    return flags
+
+
+@hookimpl
+def mmp_validate_args(args, device):
+    flags = _requested(args)
+    if not flags:
+        return
+    from ..activation import current
+
+    registry = current().registry
+    named = " and ".join(flags)
+    need = "need" if len(flags) > 1 else "needs"
+    if FEATURE in registry.disabled_features:
+        raise FeatureUnavailableError(
+            f"{named} without TransformerEngine / the grouped_gemm package {need} the "
+            f"'{FEATURE}' feature, which MEGATRON_MUSA_PATCH_DISABLE/ONLY switched off; switch it "
+            f"back on or remove {named}.")
+    problems = registry.feature_problems(FEATURE)
+    if problems:
+        raise FeatureUnavailableError(f"{named} {need} the '{FEATURE}' patches, which failed: "
+                                      f"{problems[0]}")
+    if "--moe-grouped-gemm" in flags and _capability_major() < 8:
+        # Megatron-LM asserts a CUDA compute capability >= 8 for the grouped_gemm package's
+        # kernel; ops.grouped_gemm has no such need. Restored by _validate_args.
+        args.moe_grouped_gemm = False
+        setattr(args, _HIDDEN, True)
+
+
+def _capability_major() -> int:
+    import torch
+
+    try:
+        return int(torch.cuda.get_device_capability()[0])
+    except Exception:  # noqa: BLE001 - no device API: the check cannot pass either
+        return 0
+
+
+def _validate_args(wrapped, instance, args, kwargs):
+    margs = kwargs.get("args", args[0] if args else None)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if margs is not None and getattr(margs, _HIDDEN, False):
+            margs.moe_grouped_gemm = True
+            delattr(margs, _HIDDEN)
+
+
+# ----------------------------------------------------------------------------- call sites
+
+def _bound(wrapped, args, kwargs):
+    call = inspect.signature(wrapped).bind(*args, **kwargs)
+    call.apply_defaults()
+    return call.arguments
+
+
+def _permute(wrapped, instance, args, kwargs):
+    a = _bound(wrapped, args, kwargs)
+    if not a["fused"]:
+        return wrapped(*args, **kwargs)
+    from ..ops import moe_permute
+
+    return moe_permute.permute(a["tokens"], a["routing_map"], probs=a["probs"],
+                               num_out_tokens=a["num_out_tokens"], drop_and_pad=a["drop_and_pad"])
+
+
+def _unpermute(wrapped, instance, args, kwargs):
+    a = _bound(wrapped, args, kwargs)
+    if not a["fused"]:
+        return wrapped(*args, **kwargs)
+    from ..ops import moe_permute
+
+    return moe_permute.unpermute(a["permuted_tokens"], a["sorted_indices"], a["restore_shape"],
+                                 probs=a["probs"])
+
+
+def _sort_chunks(wrapped, instance, args, kwargs):
+    a = _bound(wrapped, args, kwargs)
+    if not a["fused"]:
+        return wrapped(*args, **kwargs)
+    from ..ops import moe_permute
+
+    return moe_permute.sort_chunks_by_index(a["input"], a["split_sizes"], a["sorted_idxs"],
+                                            probs=a["probs"])
+
+
+def _grouped_mlp_forward(wrapped, instance, args, kwargs):
+    config = instance.config
+    if config.bf16:
+        return wrapped(*args, **kwargs)
+    # upstream asserts bf16 for the package's kernel; ours computes in the input dtype
+    instance.config = copy.copy(config)
+    instance.config.bf16 = True
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        instance.config = config
