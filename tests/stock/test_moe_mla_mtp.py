@@ -84,3 +84,16 @@ def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):
     message = " ".join(str(failed.value).split())
     assert ("--moe-device-level-aux-loss-coeff belongs to the feature 'moe_device_balance', "
             "which is switched off") in message
+
+
+def test_moe_under_tensor_parallelism_with_sequence_parallel_matches_one_rank(lm_path):
+    """Upstream requires --sequence-parallel for MoE with TP > 1, and asserted it off for the
+    local norms; with the fused_ops feature's norms the combination runs and matches 1 rank
+    (fp32; the tolerance covers the TP all-reduce order)."""
+    moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
+           "alltoall", "--moe-aux-loss-coeff", "0.01", "--disable-bias-linear"]
+    reference, _, _ = run_stock(lm_path, moe, nproc=1, iters=4)
+    losses, _, log = run_stock(lm_path, [*moe, "--tensor-model-parallel-size", "2",
+                                         "--sequence-parallel"], iters=4)
+    assert re.search(r"sequence_parallel \.+ True", log)
+    assert_close(losses, reference, 1e-5)
