@@ -170,7 +170,7 @@ def check_tracker(tracker: str) -> None:
     if not text.isdigit():
         shown = repr(text[:40]) if text else "empty"
         newest = (f"`echo {found[0]} > {tracker}` if iter_{found[0]:07d} is complete"
-                  if found else f"remove it to start from scratch")
+                  if found else "remove it to start from scratch")
         raise CheckpointError(
             f"the checkpoint tracker {tracker} is {shown}, not an iteration number, so "
             f"--load cannot tell which checkpoint to resume from ({listed}). An interrupted "

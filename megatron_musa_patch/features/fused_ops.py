@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import types
 
 from ..hookspecs import hookimpl
 from ..registry import Patch

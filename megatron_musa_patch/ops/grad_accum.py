@@ -21,8 +21,6 @@ weight-sized temporary.
 
 from __future__ import annotations
 
-import torch
-
 #: elements of the temporaries per chunk in the mixed-dtype paths
 CHUNK_ELEMENTS = 1 << 22
 #: mixed-dtype strategy per device type (measured, see the module docstring)

@@ -76,3 +76,18 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     losses = {int(i): float(v) for i, v in LOSS.findall(log)}
     times = {int(i): float(v) for i, v in TIME.findall(log)}
     return losses, times, log
+
+
+def write_bin_idx(prefix, *, seed=0, documents=300, max_id=999):
+    """A real .bin/.idx pair of random documents (ids 1..max_id-1), written with megatron-core's
+    own builder; returns the prefix for --data-path."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(seed)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for _ in range(documents):
+        doc = rng.integers(1, max_id, size=int(rng.integers(20, 200)), dtype=np.int64)
+        builder.add_document(doc, [len(doc)])
+    builder.finalize(f"{prefix}.idx")
+    return prefix

@@ -10,10 +10,9 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from .runner import run_stock
+from .runner import run_stock, write_bin_idx
 
 pytestmark = pytest.mark.stock
 
@@ -119,17 +118,7 @@ def test_moe_expert_parallel_alltoall_matches_allgather(lm_path):
 
 @pytest.fixture(scope="module")
 def bin_idx(tmp_path_factory):
-    """A real .bin/.idx pair written with megatron-core's own builder."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix = tmp_path_factory.mktemp("data") / "corpus_text_document"
-    rng = np.random.default_rng(0)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
-    for _ in range(300):
-        doc = rng.integers(1, 999, size=int(rng.integers(20, 200)), dtype=np.int64)
-        builder.add_document(doc, [len(doc)])
-    builder.finalize(f"{prefix}.idx")
-    return prefix
+    return write_bin_idx(tmp_path_factory.mktemp("data") / "corpus_text_document", seed=0)
 
 
 def test_real_bin_idx_data_tp2_matches_one_rank(lm_path, reference, bin_idx, tmp_path):

@@ -5,24 +5,11 @@ Needs MEGATRON_LM_PATH."""
 
 import re
 
-import numpy as np
 import pytest
 
-from .runner import run_stock
+from .runner import run_stock, write_bin_idx
 
 pytestmark = pytest.mark.stock
-
-
-def write_pair(prefix, high, seed=0):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    rng = np.random.default_rng(seed)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
-    for _ in range(200):
-        doc = rng.integers(1, high, size=int(rng.integers(20, 200)), dtype=np.int64)
-        builder.add_document(doc, [len(doc)])
-    builder.finalize(f"{prefix}.idx")
-    return prefix
 
 
 def fails(lm_path, tmp_path, prefix):
@@ -40,7 +27,7 @@ def fails(lm_path, tmp_path, prefix):
 
 def test_data_from_another_vocabulary_stops_the_stock_script(lm_path, tmp_path):
     # the tiny model's NullTokenizer has 1001 ids (--vocab-size 1000 + eod); this data has 4000
-    prefix = write_pair(tmp_path / "wide_text_document", high=4000)
+    prefix = write_bin_idx(tmp_path / "wide_text_document", documents=200, max_id=4000)
     text = fails(lm_path, tmp_path, prefix)
     assert f"megatron_musa_patch: error: --data-path {prefix}: token id" in text
     assert "is outside the training tokenizer's vocabulary (NullTokenizer, vocab_size 1001)" \

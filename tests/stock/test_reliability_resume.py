@@ -11,11 +11,10 @@ Needs MEGATRON_LM_PATH.
 
 import re
 
-import numpy as np
 import pytest
 
 from ..conftest import FIXTURES
-from .runner import run_stock
+from .runner import run_stock, write_bin_idx
 
 pytestmark = pytest.mark.stock
 
@@ -93,17 +92,7 @@ def test_resume_is_bitwise(lm_path, tmp_path, continuous, layout, fmt):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A real .bin/.idx pair written with megatron-core's own builder."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix = tmp_path_factory.mktemp("data") / "corpus_text_document"
-    rng = np.random.default_rng(3)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
-    for _ in range(300):
-        doc = rng.integers(1, 999, size=int(rng.integers(20, 200)), dtype=np.int64)
-        builder.add_document(doc, [len(doc)])
-    builder.finalize(f"{prefix}.idx")
-    return prefix
+    return write_bin_idx(tmp_path_factory.mktemp("data") / "corpus_text_document", seed=3)
 
 
 def test_resume_on_real_data_continues_at_the_data_position(lm_path, tmp_path, corpus,

@@ -4,7 +4,6 @@ The layer is activated in this process for the module's tests and undone afterwa
 also checks that ``deactivate`` restores torch.
 """
 
-import logging
 import time
 
 import pytest
