@@ -61,68 +61,7 @@ MOE_ARGS=(
 )
 
 MLA_ARGS=()  # grouped-query attention (MODEL_ARGS)
-TRAINING_ARGS=(
-    --micro-batch-size $MICRO_BATCH_SIZE
-    --global-batch-size $GLOBAL_BATCH_SIZE
-    --train-iters $TRAIN_ITERS
-    --seed 42
-    --use-distributed-optimizer
-    --distributed-backend nccl  # mccl on MUSA, gloo on CPU
-    --log-interval 1
-    --log-throughput
-    --eval-interval $SAVE_INTERVAL
-    --eval-iters $EVAL_ITERS
-    --save-interval $SAVE_INTERVAL
-    --save "$CHECKPOINT_PATH"
-    --load "$CHECKPOINT_PATH"
-    --tensorboard-dir "$TB_PATH"
-)
+training_args
+MODEL_PARALLEL_ARGS+=(--expert-model-parallel-size $EP_SIZE)
 
-# The CPU-offload optimizer (upstream's --optimizer-cpu-offload) needs the offload feature to
-# work off CUDA; until it lands this script does not offload.
-OFFLOAD_ARGS=()
-
-# Fine-grained recompute: attention and MLP blocks keep only their inputs (about what full
-# recompute saves), and their last linear layers are not re-run in backward. Upstream's
-# alternative: --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
-RECOMPUTE_ARGS=(
-    --attn-recompute
-    --mlp-recompute
-    --recompute-variance
-)
-
-REGULARIZATION_ARGS=(
-    --attention-dropout 0.0
-    --hidden-dropout 0.0
-    --weight-decay 0.1
-    --adam-beta1 0.9
-    --adam-beta2 0.95
-    --clip-grad 1.0
-)
-
-LEARNING_RATE_ARGS=(
-    --lr 3.0e-4
-    --min-lr 3.0e-5
-    --lr-decay-style cosine
-    --lr-warmup-iters $(( TRAIN_ITERS / 100 > 0 ? TRAIN_ITERS / 100 : 0 ))
-)
-
-MODEL_PARALLEL_ARGS=(
-    --tensor-model-parallel-size $TP_SIZE
-    --pipeline-model-parallel-size $PP_SIZE
-    --expert-model-parallel-size $EP_SIZE
-)
-
-MIXED_PRECISION_ARGS=(
-    --bf16
-    --attention-softmax-in-fp32
-    --accumulate-allreduce-grads-in-fp32
-)
-
-data_args Llama2Tokenizer  # sets DATA_ARGS (SentencePiece tokenizer.model)
-
-run_pretrain_gpt \
-    "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MLA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
-    "${OFFLOAD_ARGS[@]}" "${RECOMPUTE_ARGS[@]}" "${REGULARIZATION_ARGS[@]}" \
-    "${LEARNING_RATE_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${MIXED_PRECISION_ARGS[@]}" \
-    "${DATA_ARGS[@]}" "$@"
+run_model Llama2Tokenizer "$@"  # SentencePiece tokenizer.model
