@@ -26,24 +26,18 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from machine import describe  # noqa: E402
+from megatron_musa_patch.device import builtin_select  # noqa: E402
 from megatron_musa_patch.ops import kernels  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def device_type(requested):
+    """The requested accelerator, else the one the layer's auto choice finds (None: CPU)."""
     if requested:
         return requested
-    if torch.version.cuda and torch.cuda.is_available():
-        return "cuda"
-    try:
-        import torch_musa  # noqa: F401
-
-        if torch.musa.is_available():
-            return "musa"
-    except ImportError:
-        pass
-    return None
+    found = builtin_select("auto")
+    return None if found == "cpu" else found
 
 
 class Timer:

@@ -15,20 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from megatron_musa_patch.device import builtin_select
 from megatron_musa_patch.ops import kernels
 
 
 def _device_type():
-    if torch.version.cuda and torch.cuda.is_available():
-        return "cuda"
-    try:
-        import torch_musa  # noqa: F401
-
-        if torch.musa.is_available():
-            return "musa"
-    except ImportError:
-        pass
-    return None
+    """The accelerator the layer's auto choice finds, or None on a CPU-only machine."""
+    found = builtin_select("auto")
+    return None if found == "cpu" else found
 
 
 DEVICE = _device_type()
