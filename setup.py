@@ -118,8 +118,10 @@ setup(
         "psutil",
     ],
     extras_require={
-        # what megatron.training and pretrain_gpt.py import (Megatron-LM checkout path)
-        "training": ["six", "regex", "pyyaml", "einops", "sentencepiece", "tiktoken"],
+        # what megatron.training and pretrain_gpt.py import (Megatron-LM checkout path;
+        # pydantic: megatron.training imports megatron.rl, which imports it)
+        "training": ["six", "regex", "pyyaml", "einops", "sentencepiece", "tiktoken",
+                     "pydantic>=2"],
         # mmp data: tokenizers for training and preparing corpora, progress bars
         # (tested: tokenizers 0.23, transformers 5.24, sentencepiece 0.2.3; tiktoken only for
         # --tokenizer-type TikTokenizer)

@@ -2,7 +2,9 @@
 
 For each op (forward and backward): time per call, achieved bandwidth (the bytes the op must
 move at least: inputs read once, outputs written once) and that bandwidth as a share of the
-device's measured copy bandwidth (a large ``dst.copy_(src)``). Goal (issue 6): norm, SwiGLU and
+device's measured copy bandwidth (a large ``dst.copy_(src)``), next to torch eager, torch.compile,
+torch's native op where it has one, and Liger-Kernel's triton ops where ``liger_kernel`` imports
+(RMSNorm, SiLU-mul; ``benchmarks/e2e_gpu_pack.sh`` packs its wheel). Goal (issue 6): norm, SwiGLU and
 RoPE kernels at >= 80% of copy bandwidth, and never slower than eager.
 
     python benchmarks/bench_kernels.py [--device cuda|musa] [--dtype bf16] [--no-compile]
@@ -113,6 +115,24 @@ def unpermute_eager(permuted, idx, shape):
     return out.scatter_add_(0, idx.unsqueeze(1).expand(-1, shape[1]), permuted)
 
 
+def liger():
+    """Liger-Kernel's triton ops (RMSNorm, SiLU-mul), or None where it does not import."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception:  # noqa: BLE001 - optional column: not installed, or no triton
+        return None
+
+    def rms(x, w, eps=1e-5):  # in_place=False: the timed backward reuses its gradient
+        return LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
+
+    def swiglu(x):
+        a, b = torch.chunk(x, 2, -1)
+        return LigerSiLUMulFunction.apply(a, b)
+
+    return {"rms": rms, "swiglu": swiglu}
+
+
 # ---- cases ------------------------------------------------------------------------------------------
 
 
@@ -126,8 +146,10 @@ def backward_of(fn, inputs, grad, n_grad=None):
 
 
 def cases(dev, dtype, scale=1):
-    """(name, shape, bytes moved, make(kernels) -> fn, eager fn, (fn, args) to compile, native fn)."""
+    """(name, shape, bytes moved, make(kernels) -> fn, eager fn, (fn, args) to compile, native fn,
+    Liger-Kernel fn or None)."""
     g = torch.Generator(device="cpu").manual_seed(0)
+    lk = liger()
 
     def rnd(*shape):
         return torch.randn(*shape, generator=g).to(dev, dtype)
@@ -136,25 +158,26 @@ def cases(dev, dtype, scale=1):
     x, w, b, dy = rnd(rows, hidden), rnd(hidden), rnd(hidden), rnd(rows, hidden)
     yield ("rms_norm fwd", f"[{rows}, {hidden}]", nbytes(x, x, w),
            lambda k: (lambda: k["rms_norm_fwd"](x, w, 1e-5)), lambda: rms_eager(x, w), (rms_eager, (x, w)),
-           lambda: F.rms_norm(x, (hidden,), w, 1e-5))
+           lambda: F.rms_norm(x, (hidden,), w, 1e-5), lk and (lambda: lk["rms"](x, w)))
     _, rstd = kernels.get("rms_norm_fwd", dev)(x, w, 1e-5)
     yield ("rms_norm bwd", f"[{rows}, {hidden}]", nbytes(dy, x, x, w, w),
            lambda k: (lambda: k["rms_norm_bwd"](dy, x, w, rstd)), backward_of(rms_eager, (x, w), dy), None,
-           backward_of(lambda a, c: F.rms_norm(a, (hidden,), c, 1e-5), (x, w), dy))
+           backward_of(lambda a, c: F.rms_norm(a, (hidden,), c, 1e-5), (x, w), dy),
+           lk and backward_of(lk["rms"], (x, w), dy))
     yield ("layer_norm fwd", f"[{rows}, {hidden}]", nbytes(x, x, w, b),
            lambda k: (lambda: k["layer_norm_fwd"](x, w, b, 1e-5)), lambda: ln_eager(x, w, b), (ln_eager, (x, w, b)),
-           None)
+           None, None)
     _, mean, rstd2 = kernels.get("layer_norm_fwd", dev)(x, w, b, 1e-5)
     yield ("layer_norm bwd", f"[{rows}, {hidden}]", nbytes(dy, x, x, w, w, b),
            lambda k: (lambda: k["layer_norm_bwd"](dy, x, w, mean, rstd2)), backward_of(ln_eager, (x, w, b), dy),
-           None, None)
+           None, None, None)
 
     tok, ffn = 8192 // scale, 14336
     xs, gs = rnd(tok, 2 * ffn), rnd(tok, ffn)
     yield ("swiglu fwd", f"[{tok}, 2x{ffn}]", nbytes(xs, gs), lambda k: (lambda: k["swiglu_fwd"](xs)),
-           lambda: swiglu_eager(xs), (swiglu_eager, (xs,)), None)
+           lambda: swiglu_eager(xs), (swiglu_eager, (xs,)), None, lk and (lambda: lk["swiglu"](xs)))
     yield ("swiglu bwd", f"[{tok}, 2x{ffn}]", nbytes(gs, xs, xs), lambda k: (lambda: k["swiglu_bwd"](gs, xs)),
-           backward_of(swiglu_eager, (xs,), gs), None, None)
+           backward_of(swiglu_eager, (xs,), gs), None, None, lk and backward_of(lk["swiglu"], (xs,), gs))
 
     s, bb, h, d = 4096 // scale, 2, 32, 128
     t, dout = rnd(s, bb, h, d), rnd(s, bb, h, d)
@@ -162,10 +185,10 @@ def cases(dev, dtype, scale=1):
     f = torch.outer(torch.arange(s, dtype=torch.float32), inv)
     freqs = torch.cat((f, f), -1)[:, None, None, :].to(dev)
     yield ("rope fwd", f"[{s}, {bb}, {h}, {d}]", nbytes(t, t), lambda k: (lambda: k["rope_fwd"](t, freqs, False)),
-           lambda: rope_eager(t, freqs), (rope_eager, (t, freqs)), None)
+           lambda: rope_eager(t, freqs), (rope_eager, (t, freqs)), None, None)
     yield ("rope bwd", f"[{s}, {bb}, {h}, {d}]", nbytes(dout, dout),
            lambda k: (lambda: k["rope_bwd"](dout, freqs, False)), backward_of(rope_eager, (t, freqs), dout, n_grad=1), None,
-           None)
+           None, None)
 
     ntok, hid, experts, topk = 16384 // scale, 4096, 64, 8
     tokens = rnd(ntok, hid)
@@ -175,10 +198,10 @@ def cases(dev, dtype, scale=1):
     permuted, _, idx = permute_eager(tokens, routing_map)
     yield ("permute", f"[{ntok}, {hid}] E{experts} top{topk}", 2 * nbytes(permuted),
            lambda k: (lambda: k["permute"](tokens, routing_map, None, idx.numel())),
-           lambda: permute_eager(tokens, routing_map), None, None)
+           lambda: permute_eager(tokens, routing_map), None, None, None)
     yield ("unpermute", f"[{ntok}, {hid}] E{experts} top{topk}", nbytes(permuted, tokens),
            lambda k: (lambda: k["unpermute"](permuted, idx, (ntok, hid))),
-           lambda: unpermute_eager(permuted, idx, (ntok, hid)), None, None)
+           lambda: unpermute_eager(permuted, idx, (ntok, hid)), None, None, None)
 
 
 def main(argv=None):
@@ -206,11 +229,11 @@ def main(argv=None):
     print(f"device copy bandwidth: {copy:.0f} GB/s\n")
 
     header = (f"{'op':16} {'shape':28} {'kernel ms':>9} {'GB/s':>7} {'%copy':>6} {'eager ms':>9} "
-              f"{'compile ms':>10} {'native ms':>9} {'vs eager':>8}")
+              f"{'compile ms':>10} {'native ms':>9} {'liger ms':>9} {'vs eager':>8}")
     print(header)
     print("-" * len(header))
     rows = []
-    for name, shape, moved, make, eager, to_compile, native in cases(dev, DTYPES[opts.dtype]):
+    for name, shape, moved, make, eager, to_compile, native, lk in cases(dev, DTYPES[opts.dtype]):
         ms = timer(make(k))
         eager_ms = timer(eager)
         compile_ms = None
@@ -222,16 +245,19 @@ def main(argv=None):
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 print(f"  ({name}: torch.compile failed: {type(exc).__name__})")
         native_ms = timer(native) if native is not None else None
+        liger_ms = timer(lk) if lk is not None else None
         gbs = moved / ms / 1e6
         row = dict(op=name, shape=shape, kernel_ms=ms, gbps=gbs, pct_copy=100 * gbs / copy, eager_ms=eager_ms,
-                   compile_ms=compile_ms, native_ms=native_ms, speedup_vs_eager=eager_ms / ms)
+                   compile_ms=compile_ms, native_ms=native_ms, liger_ms=liger_ms,
+                   speedup_vs_eager=eager_ms / ms)
         rows.append(row)
 
         def fmt(v):
             return f"{v:.3f}" if v is not None else "-"
 
         print(f"{name:16} {shape:28} {ms:9.3f} {gbs:7.0f} {row['pct_copy']:5.0f}% {eager_ms:9.3f} "
-              f"{fmt(compile_ms):>10} {fmt(native_ms):>9} {row['speedup_vs_eager']:7.2f}x")
+              f"{fmt(compile_ms):>10} {fmt(native_ms):>9} {fmt(liger_ms):>9} "
+              f"{row['speedup_vs_eager']:7.2f}x")
     print(f"\n(bandwidth = minimal bytes moved / kernel time; copy = {copy:.0f} GB/s; "
           f"total {time.time() - t0:.0f}s)")
     if opts.json:

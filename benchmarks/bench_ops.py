@@ -16,7 +16,7 @@ load on a shared machine does not count. Ratios are the result; absolute times d
 ``--e2e`` adds the step time of the stock pretrain_gpt.py (2 CPU ranks, a Llama-style model) with
 upstream's fusion defaults against the run with all --no-* flags (needs MEGATRON_LM_PATH).
 
-Usage: python benchmarks/bench_ops.py [--device cpu|cuda|musa] [--repeats 5] [--tokens 4096]
+Usage: python benchmarks/bench_ops.py [--device cpu|cuda|musa] [--repeats 5] [--tokens 32,4096]
        [--hidden 1024] [--ops norm,swiglu,rope,softmax,grad_accum] [--e2e]
 """
 
@@ -40,6 +40,7 @@ from machine import describe  # noqa: E402
 from megatron_musa_patch.ops import grad_accum, norm, rope, softmax, swiglu  # noqa: E402
 
 IMPLS = ("ours", "eager", "compile")
+NOISE = 0.05  # ratios within this of 1.0 are ties: the same code timed twice differs this much
 
 
 def clock(device):
@@ -172,52 +173,72 @@ CASES = {"norm": norm_cases, "swiglu": swiglu_cases, "rope": rope_cases,
 # ----------------------------------------------------------------------------- timing
 
 
-def time_case(device, make, fns, repeats, backward):
+def time_case(device, make, fns, repeats, backward, min_sample_s=2e-3):
+    """Median time of one call per implementation. A sample repeats the call enough times to
+    last ``min_sample_s`` (small tensors run in tens of microseconds, below the clock's noise)."""
     now = clock(device)
     inputs = make()
+
+    def call(fn):
+        for t in inputs:
+            t.grad = None
+        out = fn(*inputs)
+        if backward and out.requires_grad:
+            out.backward(torch.ones_like(out))
+
+    calls = {}
+    for impl, fn in fns.items():  # two warm-up calls (compilation), then the calibration
+        call(fn)
+        call(fn)
+        sync(device)
+        start = now()
+        call(fn)
+        sync(device)
+        calls[impl] = max(1, min(1000, int(min_sample_s / max(now() - start, 1e-7))))
     results = {impl: [] for impl in fns}
-    for i in range(repeats + 2):  # two warm-up rounds (compilation)
-        for impl, fn in fns.items():
-            for t in inputs:
-                t.grad = None
+    order = list(fns)
+    for r in range(repeats):  # the order rotates: no implementation always runs first
+        for impl in order[r % len(order):] + order[:r % len(order)]:
+            fn = fns[impl]
             sync(device)
             start = now()
-            out = fn(*inputs)
-            if backward and out.requires_grad:
-                out.backward(torch.ones_like(out))
+            for _ in range(calls[impl]):
+                call(fn)
             sync(device)
-            if i >= 2:
-                results[impl].append(now() - start)
+            results[impl].append((now() - start) / calls[impl])
     return {impl: statistics.median(v) for impl, v in results.items()}
 
 
 def run_ops(opts):
     device = opts.device
     print(f"device: {device}; copy bandwidth {copy_bandwidth(device, opts.repeats):.1f} GB/s "
-          f"(read + write); tokens {opts.tokens}, hidden {opts.hidden}; median of "
-          f"{opts.repeats}; implementation choice per op: norm {norm.rms_norm_impl(device)}/"
-          f"{norm.layer_norm_impl(device)}, swiglu {swiglu.swiglu_impl(device)}, "
-          f"rope {rope.rope_impl(device)}, softmax {softmax.softmax_impl(device)}")
-    header = f"{'op':<15}{'dtype':<10}{'pass':<9}" + "".join(
+          f"(read + write); hidden {opts.hidden}; median of {opts.repeats}; large tensors use: "
+          f"norm {norm.rms_norm_impl(device)}/{norm.layer_norm_impl(device)}, swiglu "
+          f"{swiglu.swiglu_impl(device)}, rope {rope.rope_impl(device)}, softmax "
+          f"{softmax.softmax_impl(device)} (small ones on the CPU: below "
+          f"megatron_musa_patch.ops.dispatch.CPU_MIN_NUMEL, unfused)")
+    header = f"{'tokens':>7} {'op':<15}{'dtype':<10}{'pass':<9}" + "".join(
         f"{impl + ' ms':>12}{impl + ' GB/s':>13}" for impl in IMPLS) + f"{'eager/ours':>12}"
     print(header)
     slower = []
-    for op in opts.ops.split(","):
-        for dtype in (torch.float32, torch.bfloat16):
-            for name, make, fns, fwd_bytes, bwd_bytes in CASES[op](device, dtype, opts.tokens,
-                                                                    opts.hidden):
-                passes = [("fwd", False, fwd_bytes)] + (
-                    [("fwd+bwd", True, fwd_bytes + bwd_bytes)] if bwd_bytes else [])
-                for label, backward, nbytes in passes:
-                    t = time_case(device, make, fns, opts.repeats, backward)
-                    row = f"{name:<15}{str(dtype)[6:]:<10}{label:<9}"
-                    for impl in IMPLS:
-                        row += f"{t[impl] * 1e3:>12.3f}{nbytes / t[impl] / 1e9:>13.2f}"
-                    ratio = t["eager"] / t["ours"]
-                    print(row + f"{ratio:>12.2f}", flush=True)
-                    if ratio < 1:
-                        slower.append(f"{name} {dtype} {label}")
-    print("slower than eager: " + (", ".join(slower) if slower else "none"))
+    for tokens, op, dtype in ((t, op, d) for t in opts.tokens for op in opts.ops.split(",")
+                              for d in (torch.float32, torch.bfloat16)):
+        for name, make, fns, fwd_bytes, bwd_bytes in CASES[op](device, dtype, tokens,
+                                                                opts.hidden):
+            passes = [("fwd", False, fwd_bytes)] + (
+                [("fwd+bwd", True, fwd_bytes + bwd_bytes)] if bwd_bytes else [])
+            for label, backward, nbytes in passes:
+                t = time_case(device, make, fns, opts.repeats, backward)
+                row = f"{tokens:>7} {name:<15}{str(dtype)[6:]:<10}{label:<9}"
+                for impl in IMPLS:
+                    row += f"{t[impl] * 1e3:>12.3f}{nbytes / t[impl] / 1e9:>13.2f}"
+                ratio = t["eager"] / t["ours"]
+                print(row + f"{ratio:>12.2f}", flush=True)
+                if ratio < 1 - NOISE:
+                    slower.append(f"{name} {str(dtype)[6:]} {label} at {tokens} tokens "
+                                  f"({ratio:.2f})")
+    print(f"slower than eager by more than {NOISE:.0%} (this machine's run-to-run noise): "
+          + (", ".join(slower) if slower else "none"))
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -264,7 +285,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--tokens", default="4096",
+                        help="token counts, comma-separated (e.g. 32,512,4096: small sizes show "
+                             "the cut-off to the unfused path)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     parser.add_argument("--ops", default=",".join(CASES))
@@ -274,6 +297,7 @@ def main():
     parser.add_argument("--e2e-iters", type=int, default=10)
     parser.add_argument("--e2e-extra", default="", help="more pretrain_gpt.py flags (e.g. --bf16)")
     opts = parser.parse_args()
+    opts.tokens = [int(t) for t in opts.tokens.split(",")]
     if opts.device == "musa":
         import torch_musa  # noqa: F401
     torch.set_num_threads(opts.threads)

@@ -18,6 +18,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 step() { echo; echo "== $1 (t=$(( $(date +%s) - start ))s)"; }
 
+. scripts/packed_wheels.sh
+packed_wheels "$PY" || true   # Liger-Kernel's column, when benchmarks/e2e_gpu_pack.sh was run
+
 step "environment"
 (nvidia-smi -L || mthreads-gmi) 2>/dev/null | head -4
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"

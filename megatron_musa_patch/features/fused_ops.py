@@ -123,7 +123,7 @@ def _softmax_filler(name):
         from ..ops import softmax
 
         def impl(x):
-            return softmax.raw(softmax.softmax_impl(x.device.type))
+            return softmax.raw(softmax.softmax_impl(x.device.type, x.numel()))
 
         module.__doc__ = f"megatron_musa_patch stand-in for {name} (ops.softmax)"
         if name == "scaled_upper_triang_masked_softmax_cuda":

@@ -32,6 +32,29 @@ except ImportError:  # pragma: no cover - depends on the build
 FORCE_ENV = "MEGATRON_MUSA_PATCH_OPS"
 
 
+#: Element counts below which the CPU runs the op unfused, as upstream's --no-* path does: a
+#: compiled call costs ~40 us of guards and launch, more than it saves on a small tensor.
+#: Measured crossovers (fwd+bwd, 1 thread, fp32 / bf16; ``benchmarks/bench_ops.py --tokens``):
+#: RMSNorm 2^14 / 2^13, SwiGLU input 2^19 / 2^18, RoPE 2^17 / 2^15, causal softmax - / 2^16.
+CPU_MIN_NUMEL = {"rms_norm": 1 << 14, "swiglu": 1 << 19, "rope": 1 << 17, "softmax": 1 << 17}
+
+
+def forced() -> Optional[str]:
+    """The implementation MEGATRON_MUSA_PATCH_OPS forces on every op (eager | compile |
+    native), or None (auto: kernels, the size cut-off and the measured choices)."""
+    value = os.environ.get(FORCE_ENV)
+    if not value:
+        return None
+    value = value.strip().lower()
+    return value if value in ("eager", "compile", "native") else None
+
+
+def too_small(op_name: str, device_type: str, numel: Optional[int]) -> bool:
+    """Whether ``numel`` elements are below the size where ``op_name``'s compiled CPU
+    implementation beats the unfused one (``numel=None``: the size is unknown, no)."""
+    return device_type == "cpu" and numel is not None and numel < CPU_MIN_NUMEL.get(op_name, 0)
+
+
 def kernel(op_name: str, device_type: str) -> Optional[Callable]:
     """The compiled kernel for ``op_name`` on ``device_type``, or None (use torch)."""
     if device_type == "cpu" or _kernels is None:

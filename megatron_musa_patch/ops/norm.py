@@ -24,23 +24,17 @@ Statistics are computed in fp32 for every input dtype; outputs have the input's 
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
-from .dispatch import compiled, kernel
+from .dispatch import compiled, forced, kernel, too_small
 
 #: per device type -> implementation when no kernel applies (``MEGATRON_MUSA_PATCH_OPS`` forces
 #: ``eager`` / ``compile`` / ``native`` everywhere)
 RMS_CHOICE = {"cpu": "compile"}
 LAYER_NORM_CHOICE = {"cpu": "native"}
 DEFAULT_CHOICE = "native"  # GPUs without our kernels: torch's own fused CUDA/MUSA kernels
-
-
-def _forced():
-    value = os.environ.get("MEGATRON_MUSA_PATCH_OPS", "").strip().lower()
-    return value if value in ("eager", "compile", "native") else None
 
 
 # --------------------------------------------------------------------------- references
@@ -119,19 +113,23 @@ class _LayerNormKernel(torch.autograd.Function):
         return dx, dweight, dbias if ctx.has_bias else None, None, None, None
 
 
-def rms_norm_impl(device_type: str) -> str:
-    forced = _forced()
-    if forced:
-        return forced
+def rms_norm_impl(device_type: str, numel: int = None) -> str:
+    """The implementation for ``device_type`` (and a tensor of ``numel`` elements, if given:
+    small ones run ``native`` on the CPU, see ``dispatch.CPU_MIN_NUMEL``)."""
+    choice = forced()
+    if choice:
+        return choice
     if kernel("rms_norm_fwd", device_type) and kernel("rms_norm_bwd", device_type):
         return "kernel"
+    if too_small("rms_norm", device_type, numel):
+        return "native"
     return RMS_CHOICE.get(device_type, DEFAULT_CHOICE)
 
 
 def layer_norm_impl(device_type: str) -> str:
-    forced = _forced()
-    if forced:
-        return "native" if forced == "eager" else forced
+    choice = forced()
+    if choice:
+        return "native" if choice == "eager" else choice
     if kernel("layer_norm_fwd", device_type) and kernel("layer_norm_bwd", device_type):
         return "kernel"
     return LAYER_NORM_CHOICE.get(device_type, DEFAULT_CHOICE)
@@ -139,7 +137,7 @@ def layer_norm_impl(device_type: str) -> str:
 
 def rms_norm(x, weight, eps: float, impl: str = None):
     """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
-    impl = impl or rms_norm_impl(x.device.type)
+    impl = impl or rms_norm_impl(x.device.type, x.numel())
     if impl == "native":
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if impl == "kernel":

@@ -19,11 +19,10 @@ autograd 21.0 ms fp32 / 8.7 ms bf16, ``compile`` 7.8 / 5.0 ms (2.7x / 1.7x) -> t
 
 from __future__ import annotations
 
-import os
 
 import torch
 
-from .dispatch import compiled, kernel
+from .dispatch import compiled, forced, kernel, too_small
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -73,12 +72,16 @@ class _Rope(torch.autograd.Function):
         return ctx.impl[1](g, cos, sin, ctx.interleaved), None, None, None, None
 
 
-def rope_impl(device_type: str) -> str:
-    forced = os.environ.get("MEGATRON_MUSA_PATCH_OPS", "").strip().lower()
-    if forced in ("eager", "compile", "native"):
-        return "compile" if forced == "compile" else "eager"
+def rope_impl(device_type: str, numel: int = None) -> str:
+    """``kernel`` | ``compile`` | ``eager`` (also for small tensors on the CPU, see
+    ``dispatch.CPU_MIN_NUMEL``)."""
+    choice = forced()
+    if choice:
+        return "compile" if choice == "compile" else "eager"
     if kernel("rope_fwd", device_type) and kernel("rope_bwd", device_type):
         return "kernel"
+    if too_small("rope", device_type, numel):
+        return "eager"
     return CHOICE.get(device_type, DEFAULT_CHOICE)
 
 
@@ -102,7 +105,7 @@ def apply_rope_bshd(t, freqs, interleaved=False, multi_latent_attention=False, m
         t_rot = torch.cat((t_rot[..., 0::2], t_rot[..., 1::2]), dim=-1)
     cos = (torch.cos(freqs) * mscale).to(t.dtype)
     sin = (torch.sin(freqs) * mscale).to(t.dtype)
-    impl = impl or rope_impl(t.device.type)
+    impl = impl or rope_impl(t.device.type, t_rot.numel())
     out = _Rope.apply(t_rot, cos, sin, interleaved, _impls(impl, t.device.type))
     return out if t_pass.shape[-1] == 0 else torch.cat((out, t_pass), dim=-1)
 

@@ -15,12 +15,11 @@ probabilities for backward, the fallback fp32 ones) -> the CPU uses ``compile``.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, NamedTuple
 
 import torch
 
-from .dispatch import compiled
+from .dispatch import compiled, forced, too_small
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -91,20 +90,24 @@ class _ScaledMaskedSoftmax(torch.autograd.Function):
         return ctx.impl[2](dy, y, ctx.scale), None, None, None, None
 
 
-def softmax_impl(device_type: str) -> str:
-    forced = os.environ.get("MEGATRON_MUSA_PATCH_OPS", "").strip().lower()
-    if forced in ("eager", "compile", "native"):
-        return "compile" if forced == "compile" else "eager"
+def softmax_impl(device_type: str, numel: int = None) -> str:
+    """``compile`` | ``eager`` (also for small score tensors on the CPU, see
+    ``dispatch.CPU_MIN_NUMEL``)."""
+    choice = forced()
+    if choice:
+        return "compile" if choice == "compile" else "eager"
+    if too_small("softmax", device_type, numel):
+        return "eager"
     return CHOICE.get(device_type, DEFAULT_CHOICE)
 
 
 def scaled_masked_softmax(x, mask, scale: float = 1.0, impl: str = None):
     """``softmax(x * scale, masked -10000)``; ``mask`` bool, broadcastable, or None."""
-    impl = impl or softmax_impl(x.device.type)
+    impl = impl or softmax_impl(x.device.type, x.numel())
     return _ScaledMaskedSoftmax.apply(x, mask, float(scale), False, _IMPLS[impl])
 
 
 def scaled_upper_triang_masked_softmax(x, scale: float = 1.0, impl: str = None):
     """Causal: position ``j > i`` of row ``i`` gets probability 0 (``x [..., sq, sk]``)."""
-    impl = impl or softmax_impl(x.device.type)
+    impl = impl or softmax_impl(x.device.type, x.numel())
     return _ScaledMaskedSoftmax.apply(x, None, float(scale), True, _IMPLS[impl])

@@ -13,12 +13,11 @@ autograd 130.9 ms fp32 / 31.8 ms bf16, ``compile`` 65.0 / 13.3 ms (2.0x / 2.4x; 
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
-from .dispatch import compiled, kernel
+from .dispatch import compiled, forced, kernel, too_small
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -86,17 +85,24 @@ class _BiasSwiGLU(torch.autograd.Function):
         return dx, dbias, None
 
 
-def swiglu_impl(device_type: str) -> str:
-    forced = os.environ.get("MEGATRON_MUSA_PATCH_OPS", "").strip().lower()
-    if forced in ("eager", "compile", "native"):
-        return "compile" if forced == "compile" else "eager"
+def swiglu_impl(device_type: str, numel: int = None) -> str:
+    """``kernel`` | ``compile`` | ``eager`` | ``unfused`` (the formula under torch's autograd,
+    upstream's --no-bias-swiglu-fusion path: small inputs on the CPU, see
+    ``dispatch.CPU_MIN_NUMEL``)."""
+    choice = forced()
+    if choice:
+        return "compile" if choice == "compile" else "eager"
     if kernel("swiglu_fwd", device_type) and kernel("swiglu_bwd", device_type):
         return "kernel"
+    if too_small("swiglu", device_type, numel):
+        return "unfused"
     return CHOICE.get(device_type, DEFAULT_CHOICE)
 
 
 def bias_swiglu(x, bias=None, impl: str = None):
     """SwiGLU of ``x + bias`` over the last dimension (bias optional), any leading shape."""
-    impl = impl or swiglu_impl(x.device.type)
+    impl = impl or swiglu_impl(x.device.type, x.numel())
+    if impl == "unfused":  # autograd's backward of the two ops is cheaper than ours when small
+        return _fwd(x, bias)
     impls = _kernel_impls(x.device.type) if impl == "kernel" else _IMPLS[impl]
     return _BiasSwiGLU.apply(x, bias, impls)
