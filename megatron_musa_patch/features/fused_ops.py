@@ -11,6 +11,8 @@ fused kernels) that upstream expects are missing, so no ``--no-*-fusion`` flag i
   measured-fastest forward/backward; ``--no-persist-layer-norm`` keeps torch's norm; under sequence
   parallelism the parameters are marked ``sequence_parallel`` so ``finalize_model_grads``
   all-reduces their gradients across the tensor-parallel group).
+* Apex installed without its CUDA extensions: megatron-core picks its ``FusedLayerNorm`` for
+  LayerNorm models, whose kernel module is missing at the first forward; it runs ``ops.norm``.
 * ``--masked-softmax-fusion`` (default on; used for fp16/bf16 scores): stand-ins for
   ``scaled_masked_softmax_cuda``, ``scaled_upper_triang_masked_softmax_cuda`` and
   ``scaled_softmax_cuda`` (``ops.softmax``, the kernels' semantics). Upstream fails importing them.
@@ -45,6 +47,7 @@ WGRAD_MODULE = "fused_weight_gradient_mlp_cuda"
 SOFTMAX_MODULES = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
                    "scaled_softmax_cuda")
 ROPE = "megatron.core.models.common.embeddings.rope_utils"
+APEX_NORM = "megatron.core.fusions.fused_layer_norm"
 
 
 @hookimpl
@@ -63,6 +66,10 @@ def mmp_register_patches(registry, device):
         "wrap", _local_norm, FEATURE,
         why="local norms: --persist-layer-norm is a kernel hint, --sequence-parallel marks "
             "the weights; forward/backward from ops.norm"))
+    registry.add(Patch(
+        f"{FEATURE}.apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
+        _apex_layer_norm, FEATURE, condition=_apex_without_norm_kernels,
+        why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm"))
     for slot in ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd"):
         registry.add(Patch(
             f"{FEATURE}.{slot}", f"{ROPE}:{slot}", "attribute", _rope_slot(slot), FEATURE,
@@ -94,6 +101,14 @@ def mmp_register_patches(registry, device):
 
 def _module_missing(name):
     return True if importlib.util.find_spec(name) is None else f"{name} is installed"
+
+
+def _apex_without_norm_kernels():
+    if importlib.util.find_spec("apex") is None:
+        return "Apex is not installed (the local spec uses torch norms)"
+    if importlib.util.find_spec("fused_layer_norm_cuda") is not None:
+        return "Apex's fused_layer_norm_cuda is installed"
+    return True
 
 
 def _te_missing():
@@ -156,6 +171,22 @@ def _local_norm(wrapped, instance, args, kwargs):
 
     module = norm.RMSNorm if config.normalization == "RMSNorm" else norm.LayerNorm
     return module(hidden_size, eps=eps, sequence_parallel=bool(config.sequence_parallel))
+
+
+def _apex_layer_norm(wrapped, instance, args, kwargs):
+    """FusedLayerNorm.forward when Apex's kernel modules are missing: the same module and
+    parameters, computed by ops.norm (zero-centred gamma included), output viewless as upstream
+    makes it for the pipeline schedule."""
+    if len(instance.hidden_size) != 1:
+        return wrapped(*args, **kwargs)
+    from megatron.core.utils import make_viewless_tensor
+
+    from ..ops import norm
+
+    x = args[0] if args else kwargs["input"]
+    weight = instance.weight + 1 if instance.zero_centered_gamma else instance.weight
+    out = norm.layer_norm(x, weight, instance.bias, instance.eps)
+    return make_viewless_tensor(inp=out, requires_grad=x.requires_grad, keep_graph=True)
 
 
 # ----------------------------------------------------------------------------- RoPE
