@@ -17,6 +17,14 @@ Without TransformerEngine / Apex:
   (``--ckpt-format torch``) saves the parameter state without that ``step`` and its loader
   copies every key of the live state (KeyError): the loaded ``step`` is kept.
 
+On every device, with the local spec:
+
+* MoE experts with biases (no ``--disable-bias-linear``, ``SequentialMLP``): ``MLP.forward`` adds
+  the probability-scaled fc2 bias *in place* to the fc2 output, which is the tensor the
+  tensor-parallel reduction's autograd function returned as-is (at any TP size); autograd
+  refuses ("Output 0 of _ReduceFromModelParallelRegion is a view and is being modified
+  inplace"). The bias is added out of place instead: the same sum, one new tensor.
+
 With the fp32 distributed optimizer:
 
 * its main parameters are views of the (grad-requiring) model parameters, so loading a
@@ -52,6 +60,11 @@ def mmp_register_patches(registry, device):
         "upstream.moe_te_general_gemm", "megatron.core.transformer.moe.moe_utils:te_general_gemm",
         "attribute", None, FEATURE, create=True, condition=_moe_utils_lacks_gemm,
         why="define the name the router tests for (None: use torch.mm)"))
+    registry.add(Patch(
+        "upstream.expert_bias_out_of_place", "megatron.core.transformer.mlp:MLP.forward", "wrap",
+        _expert_bias_out_of_place, FEATURE,
+        why="MoE experts with biases: the scaled fc2 bias is added out of place (upstream's "
+            "in-place add on the TP reduction's output fails in autograd)"))
     registry.add(Patch(
         "upstream.distopt_state_dict_before_first_step",
         "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.state_dict", "wrap",
@@ -154,3 +167,33 @@ def _moe_utils_lacks_gemm():
 
 def _false_without_te(wrapped, instance, args, kwargs):
     return False
+
+
+def _mlp_call(hidden_states, per_token_scale=None, **kwargs):
+    return hidden_states, per_token_scale
+
+
+def _expert_bias_out_of_place(wrapped, instance, args, kwargs):
+    """Upstream's MLP.forward with fc2's separate bias held back from it (so its in-place add is
+    skipped) and added out of place to the result, scaled per token as upstream does."""
+    _, per_token_scale = _mlp_call(*args, **kwargs)
+    fc2 = getattr(instance, "linear_fc2", None)
+    if per_token_scale is None or fc2 is None or "forward" in vars(fc2):
+        return wrapped(*args, **kwargs)
+    held = []
+    forward = fc2.forward
+
+    def forward_holding_bias(*fc2_args, **fc2_kwargs):
+        output, bias = forward(*fc2_args, **fc2_kwargs)
+        held.append(bias)
+        return output, None
+
+    fc2.forward = forward_holding_bias  # this call only: the instance attribute is removed below
+    try:
+        output, output_bias = wrapped(*args, **kwargs)
+    finally:
+        del fc2.forward
+    bias = held[-1] if held else None
+    if bias is not None:
+        output = output + bias.unsqueeze(0) * per_token_scale.unsqueeze(-1)
+    return output, output_bias
