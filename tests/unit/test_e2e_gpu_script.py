@@ -85,3 +85,23 @@ def test_routes(e2e):
     assert env["MEGATRON_LM_PATH"] == "/lm" and env["PYTHONPATH"].split(":")[0] == str(ROOT)
     assert not any(k.startswith("MEGATRON_MUSA_PATCH") for k in env)  # upstream stays upstream
     assert sys.executable == upstream[0]
+
+
+def test_kernel_build_outcome_decides_the_layer_runs_environment(e2e, tmp_path):
+    import subprocess
+    import time
+    import types
+
+    opts = types.SimpleNamespace(out=str(tmp_path))
+    for line, expected in (("cuda: loaded (/x/mmp_kernels.so)", {}),
+                           ("cuda: build failed: nvcc exited 1",
+                            {"MEGATRON_MUSA_PATCH_KERNELS": "0"})):
+        log = open(tmp_path / "e2e_kernels_build.log", "w")
+        proc = subprocess.Popen([sys.executable, "-c", f"print({line!r})"], stdout=log)
+        assert e2e.finish_kernel_build((proc, log), opts, time.monotonic() + 60) == expected
+    # a build still running at the deadline is stopped; the runs use torch ops
+    log = open(tmp_path / "e2e_kernels_build.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=log)
+    assert e2e.finish_kernel_build((proc, log), opts, time.monotonic() + 1) == {
+        "MEGATRON_MUSA_PATCH_KERNELS": "0"}
+    assert proc.returncode is not None
