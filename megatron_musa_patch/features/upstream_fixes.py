@@ -25,6 +25,15 @@ On every device, with the local spec:
   refuses ("Output 0 of _ReduceFromModelParallelRegion is a view and is being modified
   inplace"). The bias is added out of place instead: the same sum, one new tensor.
 
+* MoE with experts that are not split like the dense layers but without expert parallelism
+  (``--expert-model-parallel-size 1`` and ``--expert-tensor-parallel-size`` other than
+  ``--tensor-model-parallel-size``, e.g. TP2 with ETP1): each tensor-parallel rank runs every
+  expert on its own tokens, but upstream marks expert parameters for the expert-data-parallel
+  reduction only when EP > 1, so their gradients are reduced over the dense data-parallel group,
+  which leaves out the other tensor-parallel ranks: the experts silently diverge across them.
+  Those parameters are marked as expert-parallel (``allreduce = False``), so the gradient
+  buffers, the optimizer and the norm treat them as upstream does with EP > 1.
+
 With the fp32 distributed optimizer:
 
 * its main parameters are views of the (grad-requiring) model parameters, so loading a
@@ -65,6 +74,12 @@ def mmp_register_patches(registry, device):
         _expert_bias_out_of_place, FEATURE,
         why="MoE experts with biases: the scaled fc2 bias is added out of place (upstream's "
             "in-place add on the TP reduction's output fails in autograd)"))
+    registry.add(Patch(
+        "upstream.experts_reduced_over_expert_dp",
+        "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
+        _mark_experts_for_expert_dp, FEATURE,
+        why="EP1 with ETP != TP: expert gradients are reduced over the expert-data-parallel "
+            "group (upstream leaves out the tensor-parallel ranks)"))
     registry.add(Patch(
         "upstream.distopt_state_dict_before_first_step",
         "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.state_dict", "wrap",
@@ -197,3 +212,13 @@ def _expert_bias_out_of_place(wrapped, instance, args, kwargs):
     if bias is not None:
         output = output + bias.unsqueeze(0) * per_token_scale.unsqueeze(-1)
     return output, output_bias
+
+
+def _mark_experts_for_expert_dp(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    config = instance.config
+    tp = config.tensor_model_parallel_size
+    etp = config.expert_tensor_parallel_size or tp
+    if config.expert_model_parallel_size == 1 and etp != tp and instance.experts is not None:
+        for param in instance.experts.parameters():
+            param.allreduce = False

@@ -100,6 +100,23 @@ def test_moe_under_tensor_parallelism_with_sequence_parallel_matches_one_rank(lm
 
 
 
+@pytest.mark.parametrize("optimizer", [[], ["--use-distributed-optimizer"]],
+                         ids=["ddp", "distopt"])
+def test_experts_split_unlike_dense_layers_match_one_rank(lm_path, optimizer):
+    """TP2 with --expert-tensor-parallel-size 1 and no expert parallelism: each TP rank runs
+    every expert on its own tokens. Upstream reduced those gradients over the dense data-parallel
+    group only (EP > 1 is its test), so the experts diverged across the TP ranks and the losses
+    left the 1-rank curve at step 2 (measured 6.9284 vs 6.9274); upstream_fixes marks them for the
+    expert-data-parallel reduction."""
+    moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
+           "alltoall", "--disable-bias-linear"]
+    reference, _, _ = run_stock(lm_path, moe, nproc=1, iters=4)
+    losses, _, _ = run_stock(lm_path, [*moe, "--tensor-model-parallel-size", "2",
+                                       "--sequence-parallel", "--expert-tensor-parallel-size",
+                                       "1", *optimizer], iters=4)
+    assert_close(losses, reference, 1e-5)
+
+
 def test_moe_experts_with_biases_train(lm_path):
     """Without --disable-bias-linear upstream's experts add their bias in place to the TP
     reduction's output, so the first step fails on every device; upstream_fixes adds it out of
