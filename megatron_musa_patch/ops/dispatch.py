@@ -35,7 +35,8 @@ FORCE_ENV = "MEGATRON_MUSA_PATCH_OPS"
 #: Element counts below which the CPU runs the op unfused, as upstream's --no-* path does: a
 #: compiled call costs ~40 us of guards and launch, more than it saves on a small tensor.
 #: Measured crossovers (fwd+bwd, 1 thread, fp32 / bf16; ``benchmarks/bench_ops.py --tokens``):
-#: RMSNorm 2^14 / 2^13, SwiGLU input 2^19 / 2^18, RoPE 2^17 / 2^15, causal softmax - / 2^16.
+#: RMSNorm 2^14 / 2^13, SwiGLU input 2^19 / 2^18, RoPE 2^17 / 2^15, causal softmax (bf16 only)
+#: 2^17 (a tie at 2^16). One limit per op: the larger of its two.
 CPU_MIN_NUMEL = {"rms_norm": 1 << 14, "swiglu": 1 << 19, "rope": 1 << 17, "softmax": 1 << 17}
 
 

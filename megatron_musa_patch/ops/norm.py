@@ -24,7 +24,6 @@ Statistics are computed in fp32 for every input dtype; outputs have the input's 
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

@@ -13,7 +13,6 @@ autograd 130.9 ms fp32 / 31.8 ms bf16, ``compile`` 65.0 / 13.3 ms (2.0x / 2.4x; 
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
