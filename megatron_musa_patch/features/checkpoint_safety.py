@@ -16,6 +16,12 @@ interrupted while being written is never named there. Three holes remain, closed
   not a multiple of ``--save-interval``): a crash during that rewrite would leave the tracker
   naming a half-written checkpoint. Such a save is skipped (the state is the one on disk).
 
+* The legacy format (``--ckpt-format torch``) is written only by expert-data-parallel rank 0.
+  With MoE experts split unlike the dense layers (``--expert-tensor-parallel-size`` other than
+  ``--tensor-model-parallel-size``) that group spans tensor-parallel ranks, so their dense
+  shards are never saved and the checkpoint loads nowhere (found only at the next ``--load``).
+  That combination is refused before training, with the fix.
+
 And for exact resume where the device's random ops draw from the host generator (the CPU row):
 Megatron-LM restores the RNG states from the checkpoint and only then builds the data iterators,
 whose DataLoader draws its base seed from the host generator. On a GPU that draw does not touch
@@ -31,7 +37,7 @@ import os
 import re
 import sys
 
-from ..errors import MegatronMusaPatchError
+from ..errors import ArgumentError, MegatronMusaPatchError
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -48,6 +54,23 @@ _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 class CheckpointError(MegatronMusaPatchError):
     """A checkpoint directory that cannot be resumed from as it is."""
+
+
+@hookimpl
+def mmp_validate_args(args, device):
+    if getattr(args, "ckpt_format", "torch_dist") != "torch" or not getattr(args, "num_experts", 0):
+        return
+    if not (getattr(args, "save", None) or getattr(args, "load", None)):
+        return
+    tp = getattr(args, "tensor_model_parallel_size", 1) or 1
+    etp = getattr(args, "expert_tensor_parallel_size", None) or tp
+    if etp != tp:
+        raise ArgumentError(
+            f"--ckpt-format torch with --expert-tensor-parallel-size {etp} and "
+            f"--tensor-model-parallel-size {tp}: Megatron-LM's legacy format is written only by "
+            f"expert-data-parallel rank 0, which here leaves out tensor-parallel ranks, so their "
+            f"shards would never be saved and the checkpoint could not be loaded. Use "
+            f"--ckpt-format torch_dist (the default), or --expert-tensor-parallel-size {tp}.")
 
 
 @hookimpl

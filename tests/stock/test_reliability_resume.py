@@ -30,6 +30,10 @@ LAYOUTS = {
     "dp2-distopt": ["--use-distributed-optimizer"],
     "tp2": ["--tensor-model-parallel-size", "2"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
+    # experts split unlike the dense layers (upstream_fixes marks them for the expert-DP reduce)
+    "moe-tp2-etp1": ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear",
+                     "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                     "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"],
 }
 FORMATS = {"torch_dist": [], "torch": ["--ckpt-format", "torch"]}
 # megatron-core's HybridDeviceOptimizer made to work off CUDA (features/cpu_offload.py)
@@ -81,8 +85,13 @@ def assert_bitwise_resume(reference, first, second):
     assert not diff, f"resumed run differs from the uninterrupted one: {diff}"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+# the legacy format cannot hold experts split unlike the dense layers: refused at validation
+# (docs/bad_inputs.md row 48)
+CASES = [(layout, fmt) for layout in LAYOUTS for fmt in FORMATS
+         if not (layout.startswith("moe") and fmt == "torch")]
+
+
+@pytest.mark.parametrize("layout,fmt", CASES)
 def test_resume_is_bitwise(lm_path, tmp_path, continuous, layout, fmt):
     reference, _ = continuous(layout, LAYOUTS[layout])
     first, second, log = save_and_resume(lm_path, tmp_path, [*LAYOUTS[layout], *FORMATS[fmt]])

@@ -303,6 +303,24 @@ def test_checkpoint_tracker_naming_a_missing_checkpoint(tmp_path):
     check_tracker(str(save_dir(ok, "release", iterations=())))
 
 
+def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
+    from megatron_musa_patch.errors import ArgumentError
+    from megatron_musa_patch.features.checkpoint_safety import mmp_validate_args
+
+    args = types.SimpleNamespace(ckpt_format="torch", num_experts=4, save="/ckpt", load=None,
+                                 tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
+    with pytest.raises(ArgumentError, match=r"--ckpt-format torch with "
+                                            r"--expert-tensor-parallel-size 1 and "
+                                            r"--tensor-model-parallel-size 2: .* Use "
+                                            r"--ckpt-format torch_dist \(the default\), or "
+                                            r"--expert-tensor-parallel-size 2"):
+        mmp_validate_args(args=args, device=None)
+    for fine in (dict(ckpt_format="torch_dist"), dict(expert_tensor_parallel_size=None),
+                 dict(expert_tensor_parallel_size=2), dict(num_experts=None),
+                 dict(save=None)):
+        mmp_validate_args(args=types.SimpleNamespace(**{**vars(args), **fine}), device=None)
+
+
 def test_tracker_is_replaced_atomically(tmp_path):
     from megatron_musa_patch.features.checkpoint_safety import AtomicTextFile
 
