@@ -272,7 +272,7 @@ def _bias_swiglu(wrapped, instance, args, kwargs):
     x, bias, fp8_input_store, cpu_offload_input = _swiglu_call(*args, **kwargs)
     from ..ops import swiglu
 
-    impl = swiglu.swiglu_impl(x.device.type)
+    impl = swiglu.swiglu_impl(x.device.type, x.numel())
     if fp8_input_store or cpu_offload_input or (impl != "kernel" and x.device.type != "cpu"):
         return wrapped(*args, **kwargs)  # upstream's @jit_fuser function (torch.compile on CUDA)
     return swiglu.bias_swiglu(x, bias, impl)

@@ -56,6 +56,27 @@ def too_small(op_name: str, device_type: str, numel: Optional[int]) -> bool:
     return device_type == "cpu" and numel is not None and numel < CPU_MIN_NUMEL.get(op_name, 0)
 
 
+def choose(op_name: str, device_type: str, numel: Optional[int], *, measured: dict,
+           default: str, unfused: str, kernels: tuple = (), forced_as=None) -> str:
+    """The implementation an op uses, in order: the one MEGATRON_MUSA_PATCH_OPS forces (mapped
+    by ``forced_as`` to a name the op has), ``kernel`` when every op in ``kernels`` is compiled
+    for the device, ``unfused`` below the CPU size cut-off, else the device's ``measured``
+    choice (``default`` for device types it does not list)."""
+    choice = forced()
+    if choice:
+        return forced_as(choice) if forced_as else choice
+    if kernels and all(kernel(name, device_type) for name in kernels):
+        return "kernel"
+    if too_small(op_name, device_type, numel):
+        return unfused
+    return measured.get(device_type, default)
+
+
+def compile_or_eager(choice: str) -> str:
+    """MEGATRON_MUSA_PATCH_OPS for ops without a ``native`` implementation."""
+    return "compile" if choice == "compile" else "eager"
+
+
 def kernel(op_name: str, device_type: str) -> Optional[Callable]:
     """The compiled kernel for ``op_name`` on ``device_type``, or None (use torch)."""
     if device_type == "cpu" or _kernels is None:

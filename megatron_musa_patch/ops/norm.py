@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .dispatch import compiled, forced, kernel, too_small
+from .dispatch import choose, compiled, kernel
 
 #: per device type -> implementation when no kernel applies (``MEGATRON_MUSA_PATCH_OPS`` forces
 #: ``eager`` / ``compile`` / ``native`` everywhere)
@@ -115,23 +115,15 @@ class _LayerNormKernel(torch.autograd.Function):
 def rms_norm_impl(device_type: str, numel: int = None) -> str:
     """The implementation for ``device_type`` (and a tensor of ``numel`` elements, if given:
     small ones run ``native`` on the CPU, see ``dispatch.CPU_MIN_NUMEL``)."""
-    choice = forced()
-    if choice:
-        return choice
-    if kernel("rms_norm_fwd", device_type) and kernel("rms_norm_bwd", device_type):
-        return "kernel"
-    if too_small("rms_norm", device_type, numel):
-        return "native"
-    return RMS_CHOICE.get(device_type, DEFAULT_CHOICE)
+    return choose("rms_norm", device_type, numel, measured=RMS_CHOICE, default=DEFAULT_CHOICE,
+                  unfused="native", kernels=("rms_norm_fwd", "rms_norm_bwd"))
 
 
 def layer_norm_impl(device_type: str) -> str:
-    choice = forced()
-    if choice:
-        return "native" if choice == "eager" else choice
-    if kernel("layer_norm_fwd", device_type) and kernel("layer_norm_bwd", device_type):
-        return "kernel"
-    return LAYER_NORM_CHOICE.get(device_type, DEFAULT_CHOICE)
+    return choose("layer_norm", device_type, None, measured=LAYER_NORM_CHOICE,
+                  default=DEFAULT_CHOICE, unfused="native",
+                  kernels=("layer_norm_fwd", "layer_norm_bwd"),
+                  forced_as=lambda choice: "native" if choice == "eager" else choice)
 
 
 def rms_norm(x, weight, eps: float, impl: str = None):

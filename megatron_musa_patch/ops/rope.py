@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import compiled, forced, kernel, too_small
+from .dispatch import choose, compile_or_eager, compiled, kernel
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -74,14 +74,8 @@ class _Rope(torch.autograd.Function):
 def rope_impl(device_type: str, numel: int = None) -> str:
     """``kernel`` | ``compile`` | ``eager`` (also for small tensors on the CPU, see
     ``dispatch.CPU_MIN_NUMEL``)."""
-    choice = forced()
-    if choice:
-        return "compile" if choice == "compile" else "eager"
-    if kernel("rope_fwd", device_type) and kernel("rope_bwd", device_type):
-        return "kernel"
-    if too_small("rope", device_type, numel):
-        return "eager"
-    return CHOICE.get(device_type, DEFAULT_CHOICE)
+    return choose("rope", device_type, numel, measured=CHOICE, default=DEFAULT_CHOICE,
+                  unfused="eager", kernels=("rope_fwd", "rope_bwd"), forced_as=compile_or_eager)
 
 
 def _impls(impl, device_type):

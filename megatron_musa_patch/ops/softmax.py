@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .dispatch import compiled, forced, too_small
+from .dispatch import choose, compile_or_eager, compiled
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -93,12 +93,8 @@ class _ScaledMaskedSoftmax(torch.autograd.Function):
 def softmax_impl(device_type: str, numel: int = None) -> str:
     """``compile`` | ``eager`` (also for small score tensors on the CPU, see
     ``dispatch.CPU_MIN_NUMEL``)."""
-    choice = forced()
-    if choice:
-        return "compile" if choice == "compile" else "eager"
-    if too_small("softmax", device_type, numel):
-        return "eager"
-    return CHOICE.get(device_type, DEFAULT_CHOICE)
+    return choose("softmax", device_type, numel, measured=CHOICE, default=DEFAULT_CHOICE,
+                  unfused="eager", forced_as=compile_or_eager)
 
 
 def scaled_masked_softmax(x, mask, scale: float = 1.0, impl: str = None):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .dispatch import compiled, forced, kernel, too_small
+from .dispatch import choose, compile_or_eager, compiled, kernel
 
 CHOICE = {"cpu": "compile"}
 DEFAULT_CHOICE = "eager"
@@ -88,14 +88,9 @@ def swiglu_impl(device_type: str, numel: int = None) -> str:
     """``kernel`` | ``compile`` | ``eager`` | ``unfused`` (the formula under torch's autograd,
     upstream's --no-bias-swiglu-fusion path: small inputs on the CPU, see
     ``dispatch.CPU_MIN_NUMEL``)."""
-    choice = forced()
-    if choice:
-        return "compile" if choice == "compile" else "eager"
-    if kernel("swiglu_fwd", device_type) and kernel("swiglu_bwd", device_type):
-        return "kernel"
-    if too_small("swiglu", device_type, numel):
-        return "unfused"
-    return CHOICE.get(device_type, DEFAULT_CHOICE)
+    return choose("swiglu", device_type, numel, measured=CHOICE, default=DEFAULT_CHOICE,
+                  unfused="unfused", kernels=("swiglu_fwd", "swiglu_bwd"),
+                  forced_as=compile_or_eager)
 
 
 def bias_swiglu(x, bias=None, impl: str = None):

@@ -86,3 +86,18 @@ def test_small_rms_norm_is_torchs_own_and_not_a_view(monkeypatch):
     out = norm.rms_norm(x, w, 1e-6)
     assert torch.equal(out, torch.nn.functional.rms_norm(x, (64,), w, 1e-6))
     assert out._base is None
+
+
+def test_the_bias_swiglu_fusion_point_applies_the_cutoff(monkeypatch):
+    """megatron-core's bias_swiglu_impl (patched by fused_ops) is the path training takes."""
+    from megatron_musa_patch.features.fused_ops import _bias_swiglu
+
+    monkeypatch.delenv(dispatch.FORCE_ENV, raising=False)
+
+    def upstream(*args, **kwargs):
+        raise AssertionError("the CPU never calls upstream's function here")
+
+    small = torch.randn(4, 3, 32, requires_grad=True)
+    out = _bias_swiglu(upstream, None, (small, None), {})
+    assert type(out.grad_fn).__name__ == "MulBackward0"  # unfused: the formula under autograd
+    torch.testing.assert_close(out, swiglu.swiglu_reference(small))
