@@ -78,6 +78,19 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     return losses, times, log
 
 
+# tests/fixtures/plugins/reliability_probe.py: after every step each rank prints its
+# full-precision loss and a hash of its parameters
+PROBE = {"MEGATRON_MUSA_PATCH_PLUGINS": "reliability_probe",
+         "PYTHONPATH": str(FIXTURES / "plugins")}
+PROBE_LINE = re.compile(
+    r"reliability_probe rank=(\d+) iteration=(\d+) loss=(\S+) params=([0-9a-f]{16})")
+
+
+def probe_steps(log):
+    """{(rank, iteration): (loss, parameter hash)} from the probe's lines in a log."""
+    return {(int(r), int(i)): (loss, params) for r, i, loss, params in PROBE_LINE.findall(log)}
+
+
 def write_bin_idx(prefix, *, seed=0, documents=300, max_id=999):
     """A real .bin/.idx pair of random documents (ids 1..max_id-1), written with megatron-core's
     own builder; returns the prefix for --data-path."""

@@ -4,26 +4,19 @@ loss and parameter hash after every step are identical (tests/fixtures/plugins/
 reliability_probe.py); another seed changes them. The CI counterpart (megatron-core alone) is
 tests/core/test_determinism.py. Needs MEGATRON_LM_PATH."""
 
-import re
-
 import pytest
 
-from ..conftest import FIXTURES
-from .runner import run_stock
+from .runner import PROBE, probe_steps, run_stock
 
 pytestmark = pytest.mark.stock
 
-PROBE = {"MEGATRON_MUSA_PATCH_PLUGINS": "reliability_probe",
-         "PYTHONPATH": str(FIXTURES / "plugins")}
-LINE = re.compile(
-    r"reliability_probe rank=(\d+) iteration=(\d+) loss=(\S+) params=([0-9a-f]{16})")
 ARGS = ["--tensor-model-parallel-size", "2", "--hidden-dropout", "0.1",
         "--attention-dropout", "0.1"]
 
 
 def probe(lm_path, *extra):
     _, _, log = run_stock(lm_path, [*ARGS, *extra], iters=3, env=PROBE)
-    steps = {(int(r), int(i)): (loss, params) for r, i, loss, params in LINE.findall(log)}
+    steps = probe_steps(log)
     assert len(steps) == 6, log[-3000:]
     return steps
 

@@ -19,15 +19,10 @@ import time
 
 import pytest
 
-from ..conftest import FIXTURES
-from .runner import TINY, command, run_stock
+from .runner import PROBE, TINY, command, probe_steps, run_stock
 
 pytestmark = pytest.mark.stock
 
-PROBE = {"MEGATRON_MUSA_PATCH_PLUGINS": "reliability_probe",
-         "PYTHONPATH": str(FIXTURES / "plugins")}
-LINE = re.compile(
-    r"reliability_probe rank=(\d+) iteration=(\d+) loss=(\S+) params=([0-9a-f]{16})")
 PAUSED = re.compile(r"reliability_probe paused (\w+) rank=(\d+) pid=(\d+)")
 TRACKER = "latest_checkpointed_iteration.txt"
 ITERS, KILL_AT = 8, 6  # checkpoints every 2 iterations: 2 and 4 complete when 6 is killed
@@ -35,8 +30,6 @@ LAYOUT = ["--use-distributed-optimizer", "--hidden-dropout", "0.1", "--attention
 BOUND_S = 60  # the whole job must be gone this long after the kill (torchrun's own grace is 30 s)
 
 
-def steps(log):
-    return {(int(r), int(i)): (loss, params) for r, i, loss, params in LINE.findall(log)}
 
 
 def tree_digest(path):
@@ -83,7 +76,7 @@ def run_and_kill(lm_path, args, pause, extra_env=None, timeout=600):
 @pytest.fixture(scope="module")
 def continuous(lm_path):
     _, _, log = run_stock(lm_path, LAYOUT, iters=ITERS, env=PROBE)
-    reference = steps(log)
+    reference = probe_steps(log)
     assert len(reference) == 2 * ITERS, log[-3000:]
     return reference
 
@@ -123,7 +116,7 @@ def test_killed_rank_ends_the_job_and_a_restart_resumes_exactly(lm_path, tmp_pat
     # the same command with --load resumes at 4 and matches the uninterrupted run exactly
     _, _, resumed_log = run_stock(lm_path, [*args, "--load", str(ckpt)], iters=ITERS, env=PROBE)
     assert re.search(r"successfully loaded checkpoint from .* at iteration 4", resumed_log)
-    resumed = steps(resumed_log)
+    resumed = probe_steps(resumed_log)
     assert sorted(resumed) == [(r, i) for r in (0, 1) for i in range(5, ITERS + 1)], resumed
     assert {k: continuous[k] for k in resumed} == resumed
     assert (ckpt / TRACKER).read_text() == str(ITERS)

@@ -13,15 +13,10 @@ import re
 
 import pytest
 
-from ..conftest import FIXTURES
-from .runner import run_stock, write_bin_idx
+from .runner import PROBE, probe_steps, run_stock, write_bin_idx
 
 pytestmark = pytest.mark.stock
 
-PROBE = {"MEGATRON_MUSA_PATCH_PLUGINS": "reliability_probe",
-         "PYTHONPATH": str(FIXTURES / "plugins")}
-LINE = re.compile(
-    r"reliability_probe rank=(\d+) iteration=(\d+) loss=(\S+) params=([0-9a-f]{16})")
 CONSUMED = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?consumed samples:\s+(\d+)")
 DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
 ITERS, HALF = 4, 2
@@ -41,14 +36,9 @@ OFFLOAD = ["--use-distributed-optimizer", "--use-precision-aware-optimizer",
            "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"]
 
 
-def steps(log):
-    """{(rank, iteration): (loss, parameter hash)} from the probe lines."""
-    return {(int(r), int(i)): (loss, params) for r, i, loss, params in LINE.findall(log)}
-
-
 def run(lm_path, args, **kw):
     _, _, log = run_stock(lm_path, [*DROPOUT, *args], iters=ITERS, env=PROBE, **kw)
-    return steps(log), log
+    return probe_steps(log), log
 
 
 @pytest.fixture(scope="module")
