@@ -153,7 +153,6 @@ def main(argv=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -195,24 +194,9 @@ def main(argv=None):
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = [m.no_sync for m in models] if chunks > 1 else models[0].no_sync
 
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    forward_backward = get_forward_backward_func()
-    losses, times = [], []
-    for step_batches in batches(opts, dp_rank, dp_size):
-        start = time.perf_counter()
-        for m in models:
-            m.zero_grad_buffer()
-        optimizer.zero_grad()
-        iterators = [iter(step_batches) for _ in models] if chunks > 1 else iter(step_batches)
-        reduced = forward_backward(
-            forward_step_func=partial(forward_step, seq=opts.seq), data_iterator=iterators,
-            model=models if chunks > 1 else models[0], num_microbatches=len(step_batches),
-            seq_length=opts.seq, micro_batch_size=opts.micro_batch, forward_only=False)
-        ok, _, _ = optimizer.step()
-        assert ok, "optimizer step was skipped"
-        times.append(time.perf_counter() - start)
-        losses.append(_global_loss(reduced, parallel_state))
+    step_batches = batches(opts, parallel_state.get_data_parallel_rank(),
+                           parallel_state.get_data_parallel_world_size())
+    losses, times = train_steps(models, optimizer, step_batches, opts)
 
     if torch.distributed.get_rank() == 0:
         from megatron_musa_patch.activation import current
@@ -224,6 +208,33 @@ def main(argv=None):
                        "step_seconds": times, "patch_table": render_table(current())}, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def train_steps(models, optimizer, step_batches, opts):
+    """One optimizer step per item of ``step_batches`` (that step's micro-batches) on ``models``
+    (the model chunks of this pipeline rank; one without a virtual pipeline). Returns the
+    global loss and the seconds of every step."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+
+    forward_backward = get_forward_backward_func()
+    chunks = len(models)
+    losses, times = [], []
+    for micro_batches in step_batches:
+        start = time.perf_counter()
+        for m in models:
+            m.zero_grad_buffer()
+        optimizer.zero_grad()
+        iterators = [iter(micro_batches) for _ in models] if chunks > 1 else iter(micro_batches)
+        reduced = forward_backward(
+            forward_step_func=partial(forward_step, seq=opts.seq), data_iterator=iterators,
+            model=models if chunks > 1 else models[0], num_microbatches=len(micro_batches),
+            seq_length=opts.seq, micro_batch_size=opts.micro_batch, forward_only=False)
+        ok, _, _ = optimizer.step()
+        assert ok, "optimizer step was skipped"
+        times.append(time.perf_counter() - start)
+        losses.append(_global_loss(reduced, parallel_state))
+    return losses, times
 
 
 def _global_loss(reduced, parallel_state):

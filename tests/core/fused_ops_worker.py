@@ -14,13 +14,12 @@ import argparse
 import json
 import os
 import sys
-from functools import partial
 
 import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
 
-from megatron_musa_patch.selftest_worker import _global_loss, batches, forward_step  # noqa: E402
+from megatron_musa_patch.selftest_worker import batches, train_steps  # noqa: E402
 
 FUSIONS = ("persist_layer_norm", "gradient_accumulation_fusion", "bias_activation_fusion",
            "bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion")
@@ -70,7 +69,6 @@ def train(opts, variant):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.manual_seed(opts.seed)
@@ -83,17 +81,9 @@ def train(opts, variant):
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = model.no_sync
-    losses = []
-    for step_batches in batches(opts, parallel_state.get_data_parallel_rank(),
-                                parallel_state.get_data_parallel_world_size()):
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        reduced = get_forward_backward_func()(
-            forward_step_func=partial(forward_step, seq=opts.seq),
-            data_iterator=iter(step_batches), model=model, num_microbatches=len(step_batches),
-            seq_length=opts.seq, micro_batch_size=opts.micro_batch, forward_only=False)
-        assert optimizer.step()[0], "optimizer step was skipped"
-        losses.append(_global_loss(reduced, parallel_state))
+    step_batches = batches(opts, parallel_state.get_data_parallel_rank(),
+                           parallel_state.get_data_parallel_world_size())
+    losses = train_steps([model], optimizer, step_batches, opts)[0]
     norms = sorted({type(m).__module__ + "." + type(m).__name__ for m in model.modules()
                     if "Norm" in type(m).__name__})
     marked = sum(1 for p in model.parameters() if getattr(p, "sequence_parallel", False))

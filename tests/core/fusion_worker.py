@@ -113,7 +113,6 @@ def train(model, config, model_opts):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
     model = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True),
                                     model.to("cuda"))
@@ -122,22 +121,9 @@ def train(model, config, model_opts):
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = model.no_sync
-    forward_backward = get_forward_backward_func()
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    losses = []
-    for batches in sw.batches(model_opts, dp_rank, dp_size):
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        reduced = forward_backward(
-            forward_step_func=functools.partial(sw.forward_step, seq=model_opts.seq),
-            data_iterator=iter(batches), model=model, num_microbatches=len(batches),
-            seq_length=model_opts.seq, micro_batch_size=model_opts.micro_batch,
-            forward_only=False)
-        ok, _, _ = optimizer.step()
-        assert ok, "optimizer step was skipped"
-        losses.append(sw._global_loss(reduced, parallel_state))
-    return losses
+    step_batches = sw.batches(model_opts, parallel_state.get_data_parallel_rank(),
+                              parallel_state.get_data_parallel_world_size())
+    return sw.train_steps([model], optimizer, step_batches, model_opts)[0]
 
 
 def count_calls():

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-from functools import partial
 
 import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
 
@@ -98,23 +97,7 @@ def build(name, opts, model_opts, seed):
 
 
 def train(model, optimizer, step_batches, model_opts):
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
-
-    forward_backward = get_forward_backward_func()
-    losses = []
-    for batches in step_batches:
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        reduced = forward_backward(
-            forward_step_func=partial(sw.forward_step, seq=model_opts.seq),
-            data_iterator=iter(batches), model=model, num_microbatches=len(batches),
-            seq_length=model_opts.seq, micro_batch_size=model_opts.micro_batch,
-            forward_only=False)
-        ok, _, _ = optimizer.step()
-        assert ok, "optimizer step was skipped"
-        losses.append(sw._global_loss(reduced, parallel_state))
-    return losses
+    return sw.train_steps([model], optimizer, step_batches, model_opts)[0]
 
 
 def count_copy_events(optimizer):
