@@ -27,13 +27,27 @@ class build_py_with_pth(build_py):  # noqa: N801 - setuptools command naming
         return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
 
 
+def _load_by_path(*parts):
+    """A module of the package that imports only the standard library, loaded by its path: the
+    package itself cannot be imported here (importing it activates the layer)."""
+    import importlib.util
+    import sys
+
+    name = "_mmp_" + parts[-1][:-3]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, *parts))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def kernel_build():
     """Ahead-of-time build of csrc/ (ext_modules, cmdclass), only with MMP_BUILD_KERNELS=1.
 
     Default installs stay pure Python and never import torch here. With the variable set, torch
     must be importable in the build environment (pip install --no-build-isolation) and a CUDA
     (nvcc) or MUSA (torch_musa + mcc) toolchain present; otherwise the build is skipped with a
-    message and the kernels are built on first use instead (megatron_musa_patch/ops/kernels.py)."""
+    message and the kernels are built on first use instead (megatron_musa_patch/ops/kernels/)."""
     if os.environ.get("MMP_BUILD_KERNELS", "") != "1":
         return [], {}
 
@@ -45,13 +59,10 @@ def kernel_build():
         import torch  # noqa: F401
     except ImportError:
         return skip("torch is not importable (use pip install --no-build-isolation)")
-    import importlib.util
+    import importlib
 
-    # the flag lists live in kernels.py; load it by path (importing the package activates it)
-    spec = importlib.util.spec_from_file_location(
-        "_mmp_kernels_flags", os.path.join(HERE, "megatron_musa_patch", "ops", "kernels.py"))
-    flags = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(flags)
+    # the file lists and flags live in ops/kernels/sources.py (importing the package activates it)
+    flags = _load_by_path("megatron_musa_patch", "ops", "kernels", "sources.py")
     csrc = os.path.join(HERE, "csrc")
     kernels = [os.path.join("csrc", name) for name in flags.KERNEL_SOURCES]
     binding = os.path.join("csrc", flags.BINDING_SOURCE)
@@ -87,6 +98,9 @@ def kernel_build():
 
 
 EXT_MODULES, EXT_CMDCLASS = kernel_build()
+#: the supported Megatron releases (megatron_musa_patch/releases.py): the requirement admits them
+#: all, so installing the layer never moves the user's Megatron to another release
+RELEASES = _load_by_path("megatron_musa_patch", "releases.py")
 
 
 def read(name):
@@ -105,10 +119,10 @@ setup(
     packages=find_packages(include=["megatron_musa_patch", "megatron_musa_patch.*"]),
     py_modules=["_megatron_musa_patch_boot"],
     install_requires=[
-        # torch is pinned by whoever installs it (CI: torch==2.13.0); any release megatron-core
-        # 0.16 supports works.
+        # torch is pinned by whoever installs it (CI: torch==2.13.0); any release the supported
+        # megatron-core releases support works.
         "torch>=2.6",
-        "megatron-core>=0.16.1,<0.17",
+        RELEASES.INSTALL_REQUIREMENT,
         "pluggy>=1.3",
         "wrapt>=1.15",
         "packaging>=23",
@@ -127,7 +141,7 @@ setup(
         # --tokenizer-type TikTokenizer)
         "data": ["tokenizers>=0.20", "transformers>=5", "sentencepiece", "tqdm", "regex",
                  "tiktoken"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "import-linter>=2.1"],
     },
     entry_points={
         "console_scripts": ["mmp = _megatron_musa_patch_boot:cli"],

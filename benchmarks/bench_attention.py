@@ -54,7 +54,7 @@ def parse():
 
 
 def device_type():
-    from megatron_musa_patch.activation import current
+    from megatron_musa_patch import active_session as current
 
     return current().device.name
 

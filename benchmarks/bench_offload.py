@@ -44,7 +44,7 @@ import megatron_musa_patch  # noqa: E402,F401 - activates before Megatron is imp
 import torch  # noqa: E402
 from machine import describe  # noqa: E402
 
-from megatron_musa_patch.activation import current  # noqa: E402
+from megatron_musa_patch import active_session as current  # noqa: E402
 from megatron_musa_patch.offload.counting import placement  # noqa: E402
 from megatron_musa_patch.offload.precision_adam import PrecisionAwareAdamW  # noqa: E402
 

@@ -3,25 +3,24 @@
 Importing the package activates it (the MT-Megatron convention): do it before importing
 Megatron. ``mmp run`` and ``MEGATRON_MUSA_PATCH=1`` reach the same ``activate()``.
 
-Public API: :func:`activate`, :func:`report`, :func:`deactivate` (tests).
+Public API: :func:`activate`, :func:`active_session`, :func:`report`, :func:`deactivate` (tests).
 """
 
 import os as _os
 import sys as _sys
 
-from .activation import activate, deactivate, is_active  # noqa: F401
+from .activation import activate, active_session, deactivate, is_active  # noqa: F401
 from .errors import MegatronMusaPatchError  # noqa: F401
 
-__all__ = ["activate", "deactivate", "is_active", "report", "MegatronMusaPatchError"]
+__all__ = ["activate", "active_session", "deactivate", "is_active", "report",
+           "MegatronMusaPatchError"]
 
 AUTOACTIVATE_ENV = "MEGATRON_MUSA_PATCH_AUTOACTIVATE"
 
 
 def report():
     """The patch results of this process (list of PatchResult)."""
-    from .activation import current
-
-    return current().registry.results()
+    return active_session().registry.results()
 
 
 def _activate_on_import():

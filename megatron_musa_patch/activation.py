@@ -1,5 +1,7 @@
 """Activation: the one code path behind ``import megatron_musa_patch``, ``mmp run`` and the
-``MEGATRON_MUSA_PATCH=1`` start-up hook.
+``MEGATRON_MUSA_PATCH=1`` start-up hook. It reads the settings, builds the :class:`Session` and
+hands it to every plugin; this module alone holds the process's active session (for the public
+API, the CLI and the excepthook), and nothing below it asks for it.
 
 Order matters: the layer must be active before Megatron is imported, so its post-import hooks
 patch each module as it loads (and ``from x import f`` in later modules sees the patched ``f``).
@@ -7,7 +9,6 @@ patch each module as it loads (and ``from x import f`` in later modules sees the
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.abc
 import logging
 import os
@@ -18,47 +19,41 @@ from typing import List, Optional
 
 from packaging.specifiers import SpecifierSet
 
-from . import versions
+from . import releases, settings as settings_module, versions
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
+from .session import Session
 
 logger = logging.getLogger("megatron_musa_patch")
 
 LATE_ENV = "MEGATRON_MUSA_PATCH_ALLOW_LATE"
 
-
-@dataclasses.dataclass
-class Activation:
-    device: object  # DeviceRow
-    registry: object  # Registry
-    plugins: object  # pluggy.PluginManager
-    late_modules: List[str]
-    table_logged: bool = False
+_SESSION: Optional[Session] = None
 
 
-_CURRENT: Optional[Activation] = None
-
-
-def current() -> Activation:
-    if _CURRENT is None:
+def active_session() -> Session:
+    """The session of this process (public API, CLI and tests; features get theirs handed)."""
+    if _SESSION is None:
         raise MegatronMusaPatchError(
             "megatron_musa_patch is not active in this process; import megatron_musa_patch (or "
             "call megatron_musa_patch.activate()) before Megatron."
         )
-    return _CURRENT
+    return _SESSION
 
 
 def is_active() -> bool:
-    return _CURRENT is not None
+    return _SESSION is not None
 
 
-def activate(allow_late: Optional[bool] = None) -> Activation:
+def activate(settings: Optional[settings_module.Settings] = None,
+             allow_late: Optional[bool] = None) -> Session:
     """Select the device, register every plugin's patches and apply them. Idempotent."""
-    global _CURRENT
-    if _CURRENT is not None:
-        return _CURRENT
+    global _SESSION
+    if _SESSION is not None:
+        return _SESSION
+    settings = settings or settings_module.from_env()
     late = imported_megatron_modules()
     if allow_late is None:
-        allow_late = os.environ.get(LATE_ENV, "") == "1"
+        allow_late = settings.allow_late
     if late and not allow_late:
         raise ActivationOrderError(
             f"megatron_musa_patch was activated after Megatron was imported ({', '.join(late[:3])}"
@@ -66,49 +61,56 @@ def activate(allow_late: Optional[bool] = None) -> Activation:
             f"references. Import megatron_musa_patch before any megatron module, or launch with "
             f"`mmp run` or MEGATRON_MUSA_PATCH=1 (set {LATE_ENV}=1 to patch late anyway)."
         )
-    check_lm_path()
-    order_sys_path()
+    check_lm_path(settings)
 
     import torch  # noqa: F401 - the device layer patches torch; import it under our control
 
-    from .device import requested_device, row
-    from .plugins import disabled_features, make_manager
+    from . import plugins
+    from .device import mapping
+    from .ops import dispatch
     from .registry import Registry
 
-    pm = make_manager()
-    requested = requested_device()
-    name = pm.hook.mmp_select_device(requested=requested)
+    pm = plugins.make_manager(settings)
+    name = pm.hook.mmp_select_device(requested=settings.device, settings=settings)
     if name not in ("musa", "cpu", "cuda"):
         raise DeviceSelectionError(f"a plugin chose the unknown device {name!r}")
-    device = row(name)
+    device = mapping(name)
     for key, value in device.env_defaults.items():
         os.environ.setdefault(key, value)
-    registry = Registry(device.name, disabled_features(pm))
+    dispatch.configure(dispatch.Policy.from_settings(settings))
+    session = Session(settings=settings, device=device, registry=None, plugins=pm,
+                      late_modules=late, lm_path=settings.lm_path)
+    session.lm_path = order_sys_path(session.lm_path)
+    registry = Registry(device.name, plugins.toggles(pm, settings),
+                        allow_unverified=settings.allow_unverified, version_of=session.version_of)
     registry.scan_for_copies = bool(late)
-    pm.hook.mmp_register_patches(registry=registry, device=device)
-    state = Activation(device, registry, pm, late)
-    _CURRENT = state
+    session.registry = registry
+    pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
+    _SESSION = session
     try:
         registry.activate()
     except BaseException:
         registry.unpatch()
-        _CURRENT = None
+        _SESSION = None
         raise
     _install_excepthook()
     if not late:
-        _guard_first_megatron_import()
+        _guard_first_megatron_import(session)
     if late:
         logger.warning("megatron_musa_patch: activated after %s was imported; copies were "
                        "rebound where found", late[0])
-    return state
+    return session
 
 
 def deactivate() -> None:
-    """Undo every applied patch (for tests). Hooks stay registered but do nothing."""
-    global _CURRENT
-    if _CURRENT is not None:
-        _CURRENT.registry.unpatch()
-        _CURRENT = None
+    """Undo every applied patch and drop the session with its state (for tests)."""
+    global _SESSION
+    if _SESSION is not None:
+        _SESSION.registry.unpatch()
+        _SESSION = None
+        from .ops import dispatch
+
+        dispatch.configure(dispatch.Policy())
 
 
 def imported_megatron_modules() -> List[str]:
@@ -119,27 +121,29 @@ def imported_megatron_modules() -> List[str]:
 # ----------------------------------------------------------------------------- sys.path
 
 
-def check_lm_path() -> None:
-    path = versions.lm_path()
+def check_lm_path(settings: settings_module.Settings) -> None:
+    path = settings.lm_path
     if path is None:
         return
+    tags = releases.tags()
     if not (path / "megatron" / "training" / "__init__.py").is_file():
         raise MegatronMusaPatchError(
             f"MEGATRON_LM_PATH={path} is not a Megatron-LM checkout (no "
-            f"megatron/training/__init__.py there). Point it at a checkout of tag core_v0.16.1, "
-            f"e.g. `git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`."
+            f"megatron/training/__init__.py there). Point it at a checkout of a supported tag "
+            f"({tags}), e.g. `git clone -b {releases.newest().lm_tag} "
+            f"https://github.com/NVIDIA/Megatron-LM`."
         )
-    if os.environ.get("MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED", "") == "1":
+    if settings.allow_unverified:
         return
     found = versions.megatron_lm_version(path)
-    if found is None or found not in SpecifierSet(versions.VERIFIED_MEGATRON, prereleases=True):
+    if found is None or found not in SpecifierSet(releases.VERIFIED_MEGATRON, prereleases=True):
         what = (f"is Megatron-LM {found}" if found is not None else
                 "has no readable version (megatron/core/package_info.py)")
         raise MegatronMusaPatchError(
             f"MEGATRON_LM_PATH={path} {what}, but this layer's patches were verified on "
-            f"Megatron-LM {versions.VERIFIED_MEGATRON} (tag core_v0.16.1). Check out that tag "
-            f"(`git -C {path} checkout core_v0.16.1`) or point MEGATRON_LM_PATH at such a "
-            f"checkout; set MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try this one anyway."
+            f"Megatron-LM {releases.VERIFIED_MEGATRON} (tags {tags}). Check out one of them "
+            f"(`git -C {path} checkout {releases.newest().lm_tag}`) or point MEGATRON_LM_PATH at "
+            f"such a checkout; set MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try this one anyway."
         )
 
 
@@ -154,36 +158,40 @@ def _is_checkout(entry: str) -> bool:
     return (root / "megatron" / "training").is_dir() and (root / "megatron" / "core").is_dir()
 
 
-def order_sys_path() -> None:
+def order_sys_path(lm_path: Optional[Path]) -> Optional[Path]:
     """Megatron-LM checkouts go after site-packages: ``megatron`` is a namespace package, and a
     checkout's own ``megatron/core`` would shadow pip's (which carries the compiled dataset
-    helpers). ``MEGATRON_LM_PATH`` is appended if missing, so ``megatron.training`` resolves."""
-    lm = versions.lm_path()
+    helpers). ``lm_path`` (MEGATRON_LM_PATH) is appended if missing, so ``megatron.training``
+    resolves. Returns the checkout: ``lm_path``, else the first one found on ``sys.path``."""
     sites = set(_site_dirs())
     positions = [i for i, e in enumerate(sys.path) if os.path.realpath(e or os.getcwd()) in sites]
-    if not positions:
-        return
-    last_site = max(positions)
-    moved = [e for i, e in enumerate(sys.path) if i < last_site and _is_checkout(e)]
-    for entry in moved:
-        sys.path.remove(entry)
-    sys.path.extend(e for e in moved if e not in sys.path)
-    if lm is not None and str(lm) not in [os.path.realpath(e or os.getcwd()) for e in sys.path]:
-        sys.path.append(str(lm))
-    if versions.lm_path() is None:
+    if positions:
+        last_site = max(positions)
+        moved = [e for i, e in enumerate(sys.path) if i < last_site and _is_checkout(e)]
+        for entry in moved:
+            sys.path.remove(entry)
+        sys.path.extend(e for e in moved if e not in sys.path)
+        if lm_path is not None and str(lm_path) not in [os.path.realpath(e or os.getcwd())
+                                                       for e in sys.path]:
+            sys.path.append(str(lm_path))
+    if lm_path is None:
         found = next((e for e in sys.path if _is_checkout(e)), None)
         if found is not None:
-            versions.set_detected_lm_path(Path(found or os.getcwd()).resolve())
+            return Path(found or os.getcwd()).resolve()
+    return lm_path
 
 
 class _FirstMegatronImport(importlib.abc.MetaPathFinder):
     """Re-orders sys.path just before ``megatron`` is first imported: with the start-up hook
     the layer activates before Python puts the script's directory (often a checkout) first."""
 
+    def __init__(self, session: Session):
+        self.session = session
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "megatron":
             self.remove()
-            order_sys_path()
+            self.session.lm_path = order_sys_path(self.session.lm_path)
         return None
 
     def remove(self):
@@ -191,10 +199,10 @@ class _FirstMegatronImport(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
 
 
-def _guard_first_megatron_import() -> None:
+def _guard_first_megatron_import(session: Session) -> None:
     if "megatron" not in sys.modules and not any(
             isinstance(f, _FirstMegatronImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _FirstMegatronImport())
+        sys.meta_path.insert(0, _FirstMegatronImport(session))
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -228,18 +236,3 @@ def find_own_error(exc: Optional[BaseException]) -> Optional[MegatronMusaPatchEr
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-def is_rank_zero() -> bool:
-    return os.environ.get("RANK", "0") == "0"
-
-
-def log_table_once() -> None:
-    state = _CURRENT
-    if state is None or state.table_logged:
-        return
-    state.table_logged = True
-    if is_rank_zero():
-        from .table import render_table
-
-        print(render_table(state, collapse=True), flush=True)

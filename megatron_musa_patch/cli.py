@@ -68,10 +68,11 @@ def _doctor(command: str, rest: List[str]) -> int:
         print(json.dumps(table.as_json(state), indent=2))
     else:
         if command == "doctor":
-            from . import versions
-
-            for name, value in versions.summary().items():
+            for name, value in state.versions().items():
                 print(f"{name:20} {value or 'not installed'}")
+            changed = state.settings.changed()
+            print(f"{'settings':20} " + (", ".join(f"{k}={v}" for k, v in changed.items())
+                                         or "defaults (no MEGATRON_MUSA_PATCH_* variable set)"))
             from .ops import kernels
 
             print(f"{'csrc kernels':20} {kernels.status(state.device.torch_type)}")
@@ -82,10 +83,8 @@ def _doctor(command: str, rest: List[str]) -> int:
 
 def _import_targets(state) -> None:
     """Import every module a patch targets, so each row shows applied / skipped / failed."""
-    from . import versions
-
     for module in sorted({p.module for p in state.registry.patches()}):
-        if module.startswith(("megatron.training", "megatron.legacy")) and versions.lm_path() is None:
+        if module.startswith(("megatron.training", "megatron.legacy")) and state.lm_path is None:
             continue
         try:
             importlib.import_module(module)

@@ -42,5 +42,13 @@ class ArgumentError(MegatronMusaPatchError):
     """A flag or a combination of flags is invalid."""
 
 
+class SettingsError(ArgumentError):
+    """A ``MEGATRON_MUSA_PATCH_*`` variable holds a value the layer does not know."""
+
+
+class PluginError(MegatronMusaPatchError):
+    """A plugin does not keep the hook contract (an unknown hook name, a bad record)."""
+
+
 class UnsupportedOnDeviceError(MegatronMusaPatchError, NotImplementedError):
     """Megatron asked the device for something it does not have (e.g. CUDA graphs on CPU)."""

@@ -39,7 +39,7 @@ def run(argv: List[str]) -> int:
     if not args.no_python:
         mode = "--module" if args.module else "--script"
         args.training_script_args = [mode, args.training_script, *args.training_script_args]
-        args.training_script = "megatron_musa_patch.worker"
+        args.training_script = "megatron_musa_patch.run_worker"
         args.module = True
     try:
         torchrun(args)

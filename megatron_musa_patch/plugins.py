@@ -1,26 +1,29 @@
-"""The plugin manager: built-in features plus entry-point plugins, with the toggles applied.
+"""The plugin manager: built-in features plus entry-point plugins, checked and toggled.
 
-``MEGATRON_MUSA_PATCH_DISABLE=a,b`` switches features off; ``MEGATRON_MUSA_PATCH_ONLY=a,b``
-keeps only those optional features (required ones stay on unless disabled by name);
-(``ONLY=none``: required ones alone); ``MEGATRON_MUSA_PATCH_BLOCK_PLUGINS=x`` stops an
-installed external plugin from loading; ``MEGATRON_MUSA_PATCH_PLUGINS=pkg.mod`` registers a
-plugin module by name without packaging it (development, tests).
+``settings.block_plugins`` (``MEGATRON_MUSA_PATCH_BLOCK_PLUGINS=x``) stops an installed external
+plugin from loading; ``settings.plugins`` (``MEGATRON_MUSA_PATCH_PLUGINS=pkg.mod``) registers a
+plugin module by name without packaging it (development, tests). Which features are switched off
+is decided by ``toggles.decide`` from ``MEGATRON_MUSA_PATCH_DISABLE`` / ``ONLY``.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
-import os
-from typing import Iterable, List, Set
+from typing import Dict, Iterable, List
 
 import pluggy
 
 from . import hookspecs
 from .device import builtin_select
-from .errors import ArgumentError
+from .errors import ArgumentError, PluginError
 from .hookspecs import hookimpl
+from .settings import Settings
+from .toggles import Toggles, decide
 
 ENTRY_POINT_GROUP = "megatron_musa_patch"
+HOOK_PREFIX = "mmp_"
+_DEVICE_CHOICE = "builtin-device-choice"
 
 
 class _BuiltinDeviceChoice:
@@ -31,23 +34,20 @@ class _BuiltinDeviceChoice:
         return builtin_select(requested)
 
 
-def env_list(name: str) -> List[str]:
-    return [part.strip() for part in os.environ.get(name, "").split(",") if part.strip()]
-
-
-def make_manager(builtins: Iterable = None, load_entry_points: bool = True) -> pluggy.PluginManager:
+def make_manager(settings: Settings, builtins: Iterable = None,
+                 load_entry_points: bool = True) -> pluggy.PluginManager:
     from .features import BUILTIN
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    for name in env_list("MEGATRON_MUSA_PATCH_BLOCK_PLUGINS"):
+    for name in settings.block_plugins:
         pm.set_blocked(name)
-    pm.register(_BuiltinDeviceChoice(), name="builtin-device-choice")
+    pm.register(_BuiltinDeviceChoice(), name=_DEVICE_CHOICE)
     for module in BUILTIN if builtins is None else builtins:
         pm.register(module, name=module.FEATURE)
     if load_entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    for name in env_list("MEGATRON_MUSA_PATCH_PLUGINS"):
+    for name in settings.plugins:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
@@ -55,27 +55,43 @@ def make_manager(builtins: Iterable = None, load_entry_points: bool = True) -> p
                 f"MEGATRON_MUSA_PATCH_PLUGINS names {name!r}, which cannot be imported ({exc}); "
                 f"fix the module name or PYTHONPATH.") from exc
         pm.register(module, name=getattr(module, "FEATURE", name))
+    check_hooks(pm)
     return pm
 
 
+def check_hooks(pm: pluggy.PluginManager) -> None:
+    """Every ``mmp_*`` name a plugin defines is a hook of the contract: a misspelt hook would
+    otherwise never be called, and nothing would say so."""
+    known = sorted(n for n in dir(hookspecs) if n.startswith(HOOK_PREFIX))
+    for name, plugin in pm.list_name_plugin():
+        if plugin is None:
+            continue
+        for attr in dir(plugin):
+            if attr.startswith(HOOK_PREFIX) and attr not in known and callable(
+                    getattr(plugin, attr, None)):
+                close = difflib.get_close_matches(attr, known, n=1)
+                raise PluginError(
+                    f"plugin '{name}' defines {attr}, which is not a hook of megatron_musa_patch"
+                    f"{f' (did you mean {close[0]}?)' if close else ''}; hooks: "
+                    f"{', '.join(known)}. Rename it, or give it a name without the "
+                    f"{HOOK_PREFIX} prefix if it is not meant as a hook.")
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:  # pragma: no cover - caught above first
+        raise PluginError(f"a plugin does not keep the hook contract: {exc}") from exc
+
+
+def feature_plugins(pm: pluggy.PluginManager) -> Dict[str, object]:
+    return {name: plugin for name, plugin in pm.list_name_plugin()
+            if name != _DEVICE_CHOICE and plugin is not None}
+
+
 def feature_names(pm: pluggy.PluginManager) -> List[str]:
-    return [name for name, _ in pm.list_name_plugin() if name != "builtin-device-choice"]
+    return list(feature_plugins(pm))
 
 
-def disabled_features(pm: pluggy.PluginManager) -> Set[str]:
-    """Features the toggles switch off; unknown names are an error (a typo would be silent)."""
-    known = set(feature_names(pm))
-    disabled = set(env_list("MEGATRON_MUSA_PATCH_DISABLE"))
-    only = set(env_list("MEGATRON_MUSA_PATCH_ONLY")) - {"none"}
-    only_set = bool(env_list("MEGATRON_MUSA_PATCH_ONLY"))
-    unknown = (disabled | only) - known
-    if unknown:
-        raise ArgumentError(
-            f"MEGATRON_MUSA_PATCH_DISABLE/ONLY name unknown features {sorted(unknown)}; known "
-            f"features: {', '.join(sorted(known))}."
-        )
-    if only_set:
-        for name, plugin in pm.list_name_plugin():
-            if name in known and name not in only and not getattr(plugin, "REQUIRED", False):
-                disabled.add(name)
-    return disabled
+def toggles(pm: pluggy.PluginManager, settings: Settings) -> Toggles:
+    """The switched-off features; unknown names are an error (a typo would be silent)."""
+    required = {name: bool(getattr(plugin, "REQUIRED", False))
+                for name, plugin in feature_plugins(pm).items()}
+    return decide(required, settings.disable, settings.only)

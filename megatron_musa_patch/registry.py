@@ -2,8 +2,11 @@
 
 A feature describes what it changes as :class:`Patch` records; the :class:`Registry` decides
 whether each applies (device, feature toggles, condition, verified Megatron version), applies it
-when its target module is imported (wrapt post-import hooks, so import order does not matter),
-and keeps one :class:`PatchResult` row per record for ``mmp doctor``.
+when its target module is imported (wrapt post-import hooks: a module imported after activation
+is patched as it loads, so a later ``from x import f`` sees the patched ``f``; modules imported
+*before* activation hold unpatched copies, which is why activation refuses to run late unless
+told to), and keeps one :class:`PatchResult` row per record for ``mmp doctor``. Records that do
+not apply on the selected device are registered all the same and shown as skipped.
 
 Kinds:
   * ``wrap``      -- ``impl(wrapped, instance, args, kwargs)`` around the target (wrapt).
@@ -20,15 +23,15 @@ import dataclasses
 import importlib.abc
 import importlib.util
 import logging
-import os
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import wrapt
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from . import versions
+from . import releases, versions
 from .errors import PatchError
+from .toggles import Toggles
 
 logger = logging.getLogger("megatron_musa_patch")
 
@@ -53,7 +56,7 @@ class Patch:
     feature: str
     devices: frozenset = ALL_DEVICES
     #: packaging specifier of the Megatron versions this was verified on; None for non-Megatron
-    #: targets (torch). Defaults to versions.VERIFIED_MEGATRON for ``megatron.*`` targets.
+    #: targets (torch). Defaults to releases.VERIFIED_MEGATRON for ``megatron.*`` targets.
     megatron: Optional[str] = ""
     #: returns True to apply, False or a reason string to skip; evaluated at application time
     condition: Optional[Callable[[], Union[bool, str]]] = None
@@ -72,7 +75,7 @@ class Patch:
         if not set(self.devices) <= ALL_DEVICES:
             raise ValueError(f"patch {self.id}: unknown devices {set(self.devices) - ALL_DEVICES}")
         if self.megatron == "" and self.module.startswith("megatron"):
-            object.__setattr__(self, "megatron", versions.VERIFIED_MEGATRON)
+            object.__setattr__(self, "megatron", releases.VERIFIED_MEGATRON)
         elif self.megatron == "":
             object.__setattr__(self, "megatron", None)
         if self.megatron is not None:
@@ -115,11 +118,13 @@ class _Undo:
 class Registry:
     """Holds records, applies them on import, reports, and can undo them (for tests)."""
 
-    def __init__(self, device: str, disabled_features: Iterable[str] = (), allow_unverified=None):
+    def __init__(self, device: str, toggles: Optional[Toggles] = None,
+                 allow_unverified: bool = False,
+                 version_of: Optional[Callable[[str], Any]] = None):
         self.device = device
-        self.disabled_features = set(disabled_features)
-        if allow_unverified is None:
-            allow_unverified = os.environ.get("MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED", "") == "1"
+        #: module name -> the installed Megatron version its patches are gated on
+        self.version_of = version_of or (lambda module: versions.version_for_target(module, None))
+        self.toggles = toggles or Toggles(frozenset(), {})
         self.allow_unverified = allow_unverified
         self.active = False
         #: rebind copies in every loaded megatron module (activation after Megatron was imported)
@@ -182,14 +187,14 @@ class Registry:
         """Why the patch is not to be applied here, or None."""
         if self.device not in patch.devices:
             return f"not needed on {self.device} (applies on {', '.join(sorted(patch.devices))})"
-        if patch.feature in self.disabled_features:
-            return f"feature '{patch.feature}' switched off (MEGATRON_MUSA_PATCH_DISABLE/ONLY)"
+        if self.toggles.is_off(patch.feature):
+            return f"feature '{patch.feature}' {self.toggles.why(patch.feature)}"
         return None
 
     def _version_problem(self, patch: Patch) -> Optional[str]:
         if patch.megatron is None or self.allow_unverified:
             return None
-        installed = versions.version_for_target(patch.module)
+        installed = self.version_of(patch.module)
         if installed is None:
             return None  # nothing installed to check; a missing module simply stays deferred
         if installed in SpecifierSet(patch.megatron, prereleases=True):
@@ -212,7 +217,7 @@ class Registry:
         try:
             parent, attribute, original = self._resolve(module, patch)
         except _PATH_ERRORS as exc:
-            installed = versions.version_for_target(patch.module)
+            installed = self.version_of(patch.module)
             self._fail(
                 patch,
                 f"patch '{patch.id}' (feature '{patch.feature}'): target {patch.target} does not "
@@ -316,9 +321,20 @@ class Registry:
     def result(self, patch_id: str) -> PatchResult:
         return self._results[patch_id]
 
+    def switched_off(self, feature: str) -> bool:
+        return self.toggles.is_off(feature)
+
     def feature_problems(self, feature: str) -> List[str]:
         """Reasons the feature's patches failed (empty: usable as far as patches go)."""
         return [r.reason for r in self.results() if r.feature == feature and r.status == FAILED]
+
+    def why_unavailable(self, feature: str) -> Optional[str]:
+        """Why the feature cannot serve its flags ("is switched off ...", "did not apply: ..."),
+        or None when it can."""
+        if self.toggles.is_off(feature):
+            return f"is {self.toggles.why(feature)}"
+        problems = self.feature_problems(feature)
+        return f"did not apply: {problems[0]}" if problems else None
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

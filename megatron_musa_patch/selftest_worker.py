@@ -199,13 +199,13 @@ def main(argv=None):
     losses, times = train_steps(models, optimizer, step_batches, opts)
 
     if torch.distributed.get_rank() == 0:
-        from megatron_musa_patch.activation import current
+        from megatron_musa_patch import active_session
         from megatron_musa_patch.table import render_table
 
         with open(opts.out, "w") as f:
             json.dump({"layout": vars(opts), "world_size": torch.distributed.get_world_size(),
-                       "device": current().device.name, "losses": losses,
-                       "step_seconds": times, "patch_table": render_table(current())}, f)
+                       "device": active_session().device.name, "losses": losses,
+                       "step_seconds": times, "patch_table": render_table(active_session())}, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import collections
 from typing import List
 
-from . import versions
 from .registry import APPLIED, DEFERRED, FAILED, SKIPPED, PatchResult
 
 _ORDER = {FAILED: 0, SKIPPED: 1, DEFERRED: 2, APPLIED: 3}
 
 
 def header(state) -> str:
-    v = versions.summary()
+    """``state``: the session."""
+    v = state.versions()
     return (
         f"megatron_musa_patch {v['megatron_musa_patch'] or '(source)'} | device "
         f"{state.device.name} (torch '{state.device.torch_type}', collectives "
@@ -59,6 +59,6 @@ def as_json(state) -> dict:
     return {
         "device": {"name": state.device.name, "torch_type": state.device.torch_type,
                    "backend": state.device.backend, "memory_stats": state.device.memory_stats},
-        "versions": versions.summary(),
+        "versions": state.versions(),
         "patches": [r.as_dict() for r in state.registry.results()],
     }

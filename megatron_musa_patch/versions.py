@@ -1,23 +1,20 @@
 """Versions of what the layer patches, read without importing Megatron.
 
 Patches are gated on these: ``megatron.core`` targets on the installed megatron-core, and
-``megatron.training`` / ``megatron.legacy`` / script targets on the Megatron-LM checkout named
-by ``MEGATRON_LM_PATH``.
+``megatron.training`` / ``megatron.legacy`` / script targets on the Megatron-LM checkout the
+session found (``MEGATRON_LM_PATH``, or one on ``sys.path``). The checkout is passed in: this
+module keeps no state of its own.
 """
 
 import functools
 import importlib.metadata
 import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Optional
 
 from packaging.version import InvalidVersion, Version
-
-#: megatron-core releases every patch record was verified on
-VERIFIED_MEGATRON = ">=0.16.1,<0.17"
 
 _VERSION_FIELDS = re.compile(r"^(MAJOR|MINOR|PATCH|PRE_RELEASE)\s*=\s*(.+)$", re.M)
 
@@ -48,23 +45,9 @@ def _has_megatron_namespace() -> bool:
         return False
 
 
-_detected = {"lm_path": None}
-
-
-def lm_path() -> Optional[Path]:
-    """The Megatron-LM checkout: MEGATRON_LM_PATH, else one found on sys.path at activation."""
-    value = os.environ.get("MEGATRON_LM_PATH", "").strip()
-    return Path(value).expanduser().resolve() if value else _detected["lm_path"]
-
-
-def set_detected_lm_path(path: Optional[Path]) -> None:
-    _detected["lm_path"] = path
-
-
-def megatron_lm_version(path: Optional[Path] = None) -> Optional[Version]:
+def megatron_lm_version(path: Optional[Path]) -> Optional[Version]:
     """Version of a Megatron-LM checkout, from its own ``megatron/core/package_info.py``."""
-    path = path or lm_path()
-    return None if path is None else _lm_version_at(path)
+    return None if path is None else _lm_version_at(Path(path))
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,23 +75,22 @@ def _parse(text: Optional[str]) -> Optional[Version]:
         return None
 
 
-def version_for_target(module_name: str) -> Optional[Version]:
+def version_for_target(module_name: str, lm_path: Optional[Path]) -> Optional[Version]:
     """The version a patch on ``module_name`` is gated on."""
     if module_name.startswith("megatron.core") or not module_name.startswith("megatron."):
         return megatron_core_version()
-    return megatron_lm_version() or megatron_core_version()
+    return megatron_lm_version(lm_path) or megatron_core_version()
 
 
-def summary() -> dict:
+def summary(lm: Optional[Path]) -> dict:
     """Versions shown by ``mmp doctor``."""
-    lm = lm_path()
     return {
         "python": sys.version.split()[0],
         "torch": distribution_version("torch"),
         "torch_musa": distribution_version("torch_musa") or distribution_version("torch-musa"),
         "megatron-core": str(megatron_core_version()) if megatron_core_version() else None,
         "Megatron-LM": (
-            f"{megatron_lm_version()} at {lm}" if lm and megatron_lm_version() else
+            f"{megatron_lm_version(lm)} at {lm}" if lm and megatron_lm_version(lm) else
             (f"not found at {lm}" if lm else "MEGATRON_LM_PATH not set")
         ),
         "transformer-engine": distribution_version("transformer-engine")

@@ -14,12 +14,13 @@ import pytest
 
 os.environ["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
 
+from megatron_musa_patch import releases  # noqa: E402 - leaves: they activate nothing
+from megatron_musa_patch.settings import ENV_NAMES  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-_LAYER_ENV = ("MEGATRON_MUSA_PATCH", "MEGATRON_MUSA_PATCH_AUTOACTIVATE",
-              "MEGATRON_MUSA_PATCH_DEVICE", "MEGATRON_MUSA_PATCH_DISABLE",
-              "MEGATRON_MUSA_PATCH_ONLY", "MEGATRON_MUSA_PATCH_PLUGINS",
-              "MEGATRON_MUSA_PATCH_ALLOW_LATE", "MEGATRON_MUSA_PATCH_JIT")
+#: every variable of the layer: a developer's shell must not leak into subprocess tests
+_LAYER_ENV = ENV_NAMES
 
 
 def subprocess_env(**overrides):
@@ -41,7 +42,8 @@ def run_python(code, *, env=None, cwd=None, timeout=300, args=()):
 def lm_path():
     value = os.environ.get("MEGATRON_LM_PATH", "")
     if not value:
-        pytest.skip("needs a Megatron-LM checkout of tag core_v0.16.1: set MEGATRON_LM_PATH")
+        pytest.skip(f"needs a Megatron-LM checkout of a supported tag ({releases.tags()}): set "
+                    f"MEGATRON_LM_PATH (archives: ../shared/upstream/)")
     path = Path(value)
     if not (path / "pretrain_gpt.py").is_file():
         pytest.fail(f"MEGATRON_LM_PATH={value} has no pretrain_gpt.py")

@@ -143,7 +143,7 @@ def main(argv=None):
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from megatron_musa_patch.activation import current
+    from megatron_musa_patch import active_session
     from megatron_musa_patch.features.throughput import throughput_fields
     from megatron_musa_patch.peak_flops import lookup, measure_matmul
 
@@ -183,7 +183,7 @@ def main(argv=None):
         num_attention_heads=opts.heads, group_query_attention=True,
         num_query_groups=config.num_query_groups, kv_channels=config.kv_channels,
         seq_length=opts.seq, padded_vocab_size=vocab, swiglu=True, world_size=world)
-    device = current().device
+    device = active_session().device
     if device.name == "cpu":
         torch.distributed.barrier()
         peak = measure_matmul("fp32")

@@ -1,27 +1,19 @@
-"""Device selection: ``MEGATRON_MUSA_PATCH_DEVICE=auto|musa|cpu|cuda``."""
+"""Device selection: ``MEGATRON_MUSA_PATCH_DEVICE=auto|musa|cpu|cuda`` (the settings' ``device``).
+
+The devices are rows of one table (``rows.py``): a :class:`DeviceMapping` says what Megatron's
+CUDA spellings mean on one device.
+"""
 
 from __future__ import annotations
 
 import importlib
-import os
 
 from ..errors import DeviceSelectionError
-from .base import DeviceRow
+from .base import DeviceMapping
 from .rows import ROWS
 
 ENV = "MEGATRON_MUSA_PATCH_DEVICE"
 CHOICES = ("auto",) + tuple(ROWS)
-
-
-def requested_device() -> str:
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise DeviceSelectionError(
-            f"{ENV}={value!r} is not a device this layer knows. Use one of "
-            f"{', '.join(CHOICES)} (auto picks musa when torch_musa imports, else cuda when a "
-            f"CUDA GPU is visible, else cpu)."
-        )
-    return value
 
 
 def builtin_select(requested: str) -> str:
@@ -47,7 +39,7 @@ def builtin_select(requested: str) -> str:
     return requested
 
 
-def row(name: str) -> DeviceRow:
+def mapping(name: str) -> DeviceMapping:
     return ROWS[name]
 
 

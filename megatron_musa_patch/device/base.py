@@ -1,7 +1,7 @@
 """The generic device mapping: one table row per accelerator.
 
 Megatron is written against ``torch.cuda``, the ``"cuda"`` device string and the ``nccl``
-backend. A :class:`DeviceRow` says what those mean on one device: which torch device type, which
+backend. A :class:`DeviceMapping` says what those mean on one device: which torch device type, which
 module implements the ``torch.cuda`` API, which collective backend. Everything that rewrites
 Megatron's view (``features/device_swap.py``, ``features/collectives.py``) reads the row, so the
 code CI exercises on the CPU row is the code that runs on the MUSA row.
@@ -17,7 +17,7 @@ import torch
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceRow:
+class DeviceMapping:
     #: row name, the value of MEGATRON_MUSA_PATCH_DEVICE
     name: str
     #: torch device type that "cuda" means on this row
@@ -115,7 +115,7 @@ def _original_device():
     return _ORIGINAL_DEVICE
 
 
-def cuda_tensor_type_name(tensor_type: str, row: DeviceRow) -> str:
+def cuda_tensor_type_name(tensor_type: str, row: DeviceMapping) -> str:
     """'torch.cuda.FloatTensor' -> this row's spelling (CPU: 'torch.FloatTensor')."""
     if not row.rewrites_cuda or not tensor_type.startswith("torch.cuda."):
         return tensor_type

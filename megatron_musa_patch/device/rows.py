@@ -6,7 +6,7 @@ import importlib
 
 import torch
 
-from .base import DeviceRow
+from .base import DeviceMapping
 
 
 def _torch_musa_module():
@@ -24,7 +24,7 @@ def _cuda_module():
     return torch.cuda
 
 
-MUSA = DeviceRow(
+MUSA = DeviceMapping(
     name="musa",
     torch_type="musa",
     backend="mccl",
@@ -34,7 +34,7 @@ MUSA = DeviceRow(
     api_aliases={"CUDAGraph": "MUSAGraph"},
 )
 
-CPU = DeviceRow(
+CPU = DeviceMapping(
     name="cpu",
     torch_type="cpu",
     backend="gloo",
@@ -47,7 +47,7 @@ CPU = DeviceRow(
     memory_stats="process resident set (the CPU allocator keeps no statistics)",
 )
 
-CUDA = DeviceRow(
+CUDA = DeviceMapping(
     name="cuda",
     torch_type="cuda",
     backend="nccl",

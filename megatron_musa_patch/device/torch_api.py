@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable
 import torch
 
 from ..errors import UnsupportedOnDeviceError
-from .base import DeviceRow, _original_device, cuda_tensor_type_name
+from .base import DeviceMapping, _original_device, cuda_tensor_type_name
 
 #: torch functions that take ``device=`` (and sometimes ``pin_memory=``)
 FACTORY_FUNCTIONS = (
@@ -59,7 +59,7 @@ CUDA_SUBMODULE_API = {
 NVTX_API = ("range_push", "range_pop", "range", "mark")
 
 
-def device_api(row: DeviceRow) -> Dict[str, Any]:
+def device_api(row: DeviceMapping) -> Dict[str, Any]:
     """``torch.cuda`` name -> the row's object: the row module's own, a portable fallback from
     the CPU implementation (nvtx, profiler hooks, telemetry), or a raiser naming the row."""
     module = row.module()
@@ -78,14 +78,14 @@ def device_api(row: DeviceRow) -> Dict[str, Any]:
     return api
 
 
-def nvtx_api(row: DeviceRow) -> Dict[str, Any]:
+def nvtx_api(row: DeviceMapping) -> Dict[str, Any]:
     from . import cpu_api
 
     nvtx = getattr(row.module(), "nvtx", None)
     return {name: getattr(nvtx, name, None) or getattr(cpu_api.nvtx, name) for name in NVTX_API}
 
 
-def _unsupported(row: DeviceRow, what: str):
+def _unsupported(row: DeviceMapping, what: str):
     def raiser(*args, **kwargs):
         raise UnsupportedOnDeviceError(
             f"{what} has no counterpart on the {row.name} device (torch.{row.torch_type} lacks "
@@ -99,7 +99,7 @@ def _unsupported(row: DeviceRow, what: str):
 # ----------------------------------------------------------------------------- factories
 
 
-def factory(row: DeviceRow, original: Callable) -> Callable:
+def factory(row: DeviceMapping, original: Callable) -> Callable:
     """``torch.empty(..., device='cuda')`` etc. on the row's device."""
     translate = row.translate
     strip_pin = not row.pinned_memory
@@ -115,7 +115,7 @@ def factory(row: DeviceRow, original: Callable) -> Callable:
     return factory_on_device
 
 
-def tensor_to(row: DeviceRow, original: Callable) -> Callable:
+def tensor_to(row: DeviceMapping, original: Callable) -> Callable:
     """``Tensor.to('cuda')``, ``.to(0)``, ``.to(torch.device('cuda'))``, ``.to(device=...)``."""
     translate = row.translate
     device_type = _original_device()
@@ -133,12 +133,12 @@ def tensor_to(row: DeviceRow, original: Callable) -> Callable:
     return to
 
 
-def module_to(row: DeviceRow, original: Callable) -> Callable:
+def module_to(row: DeviceMapping, original: Callable) -> Callable:
     """``nn.Module.to('cuda')`` and friends."""
     return functools.wraps(original)(tensor_to(row, original))
 
 
-def tensor_cuda(row: DeviceRow, original: Callable) -> Callable:
+def tensor_cuda(row: DeviceMapping, original: Callable) -> Callable:
     """``Tensor.cuda(device=None, non_blocking=False, memory_format=...)``."""
     translate = row.translate
 
@@ -150,7 +150,7 @@ def tensor_cuda(row: DeviceRow, original: Callable) -> Callable:
     return cuda
 
 
-def module_cuda(row: DeviceRow, original: Callable) -> Callable:
+def module_cuda(row: DeviceMapping, original: Callable) -> Callable:
     translate = row.translate
 
     @functools.wraps(original)
@@ -160,7 +160,7 @@ def module_cuda(row: DeviceRow, original: Callable) -> Callable:
     return cuda
 
 
-def tensor_device_method(row: DeviceRow, original: Callable) -> Callable:
+def tensor_device_method(row: DeviceMapping, original: Callable) -> Callable:
     """``Tensor.new_empty(..., device='cuda')`` and the other ``new_*``."""
     translate = row.translate
     strip_pin = not row.pinned_memory
@@ -177,7 +177,7 @@ def tensor_device_method(row: DeviceRow, original: Callable) -> Callable:
     return new_on_device
 
 
-def tensor_type(row: DeviceRow, original: Callable) -> Callable:
+def tensor_type(row: DeviceMapping, original: Callable) -> Callable:
     """``Tensor.type()`` spells device tensors as CUDA ones (Megatron compares against
     'torch.cuda.FloatTensor'); ``Tensor.type('torch.cuda.X')`` converts on the row's device."""
     own_prefix = "torch." if row.torch_type == "cpu" else f"torch.{row.torch_type}."
@@ -197,7 +197,7 @@ def tensor_type(row: DeviceRow, original: Callable) -> Callable:
     return type_
 
 
-def tensor_pin_memory(row: DeviceRow, original: Callable) -> Callable:
+def tensor_pin_memory(row: DeviceMapping, original: Callable) -> Callable:
     """Without page-locked memory (CPU row) pinning is a no-op: the data is already host data."""
 
     def pin_memory(self, *args, **kwargs):
@@ -207,7 +207,7 @@ def tensor_pin_memory(row: DeviceRow, original: Callable) -> Callable:
     return pin_memory
 
 
-def tensor_record_stream(row: DeviceRow, original: Callable) -> Callable:
+def tensor_record_stream(row: DeviceMapping, original: Callable) -> Callable:
     """CPU 'streams' finish their work synchronously: nothing to keep alive."""
 
     def record_stream(self, stream):
@@ -219,7 +219,7 @@ def tensor_record_stream(row: DeviceRow, original: Callable) -> Callable:
     return record_stream
 
 
-def is_cuda_property(row: DeviceRow) -> property:
+def is_cuda_property(row: DeviceMapping) -> property:
     """``Tensor.is_cuda`` is True for tensors on the row's accelerator (MUSA)."""
     torch_type = row.torch_type
 
@@ -239,7 +239,7 @@ class _DeviceMeta(type):
         return issubclass(subclass, _original_device())
 
 
-def device_type(row: DeviceRow):
+def device_type(row: DeviceMapping):
     """A ``torch.device`` stand-in whose constructor maps 'cuda' to the row's device.
 
     Instances are real ``torch.device`` objects; only construction is intercepted."""
@@ -268,7 +268,7 @@ def device_type(row: DeviceRow):
     return device
 
 
-def autocast_init(row: DeviceRow, original: Callable) -> Callable:
+def autocast_init(row: DeviceMapping, original: Callable) -> Callable:
     """``torch.autocast(device_type='cuda')`` on the row's device."""
     translate = row.translate
 

@@ -1,14 +1,17 @@
 """Built-in features: each module is a pluggy plugin named by its ``FEATURE``.
 
-A feature module declares ``FEATURE`` (its name, used by the toggles), ``REQUIRED`` (device
-and collective plumbing that every run needs) and ``DESCRIPTION``, and implements the hooks of
-``hookspecs.py`` it needs.
+A feature module declares ``FEATURE`` (its name, used by the toggles; dotted inside a group such
+as ``fused_ops``), ``REQUIRED`` (device and collective plumbing that every run needs),
+``DESCRIPTION`` and optionally ``FLAG_NEEDS``, and implements the hooks of ``hookspecs.py`` it
+needs. A group (``fused_ops``, ``upstream_fixes``, ``checkpoint_safety``) is a package whose
+``PLUGINS`` are its parts.
 """
 
-from . import (checkpoint_safety, collectives, cpu_offload, data_checks, device_swap,
-               flash_attention, fused_ops, megatron_args, mla_local, moe_device_balance, moe_fusion,
-               mtp_flags, recompute, throughput, training_setup, upstream_fixes)
+from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, data_checks,
+               device_swap, flash_attention, fused_ops, megatron_args, mla_local,
+               moe_device_balance, moe_fusion, mtp_flags, recompute, throughput, upstream_fixes)
 
-BUILTIN = (device_swap, collectives, megatron_args, training_setup, upstream_fixes, mla_local,
-           mtp_flags, moe_device_balance, recompute, throughput, cpu_offload, checkpoint_safety,
-           data_checks, flash_attention, moe_fusion, fused_ops)
+BUILTIN = (device_swap, collectives, megatron_args, cuda_free_startup, *upstream_fixes.PLUGINS,
+           mla_local, mtp_flags, moe_device_balance, recompute, throughput, cpu_offload,
+           *checkpoint_safety.PLUGINS, data_checks, flash_attention, moe_fusion,
+           *fused_ops.PLUGINS)

@@ -22,8 +22,6 @@ BACKEND_CHOICES = ("nccl", "mccl", "gloo")
 
 @hookimpl
 def mmp_register_patches(registry, device):
-    if not device.rewrites_cuda:
-        return
     devices = frozenset({"musa", "cpu"})
     why = f"backend 'nccl' runs on {device.backend}"
     registry.add(Patch("collectives.init_process_group", "torch.distributed:init_process_group",
@@ -32,18 +30,17 @@ def mmp_register_patches(registry, device):
     registry.add(Patch("collectives.new_group", "torch.distributed:new_group", "wrap",
                        functools.partial(_with_backend, device), FEATURE, devices=devices,
                        strict=True, why=why))
-    if device.torch_type == "cpu":
-        registry.add(Patch("collectives.isend_private_copy",
-                           "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
-                           FEATURE, devices=frozenset({"cpu"}), strict=True,
-                           rebind=("torch.distributed",),
-                           why="gloo reads a send buffer until the send completes; Megatron "
-                               "frees pipeline outputs right after isend (stream-ordered on GPUs)"))
-    if device.backend_alias:
-        registry.add(Patch("collectives.get_backend", "torch.distributed:get_backend", "wrap",
-                           functools.partial(_get_backend, device), FEATURE,
-                           devices=frozenset({device.name}), strict=True,
-                           why=f"Megatron's 'nccl' checks hold for {device.backend_alias}"))
+    registry.add(Patch("collectives.isend_private_copy",
+                       "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
+                       FEATURE, devices=frozenset({"cpu"}), strict=True,
+                       rebind=("torch.distributed",),
+                       why="gloo reads a send buffer until the send completes; Megatron "
+                           "frees pipeline outputs right after isend (stream-ordered on GPUs)"))
+    registry.add(Patch("collectives.get_backend", "torch.distributed:get_backend", "wrap",
+                       functools.partial(_get_backend, device), FEATURE,
+                       devices=frozenset({"musa"}), strict=True,
+                       condition=lambda: bool(device.backend_alias) or "no backend alias",
+                       why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}"))
 
 
 @hookimpl

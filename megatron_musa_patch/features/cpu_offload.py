@@ -18,12 +18,15 @@ the OptimizerConfig; megatron-core users set the same attributes there).
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import sys
 
 import torch
 
-from ..errors import ArgumentError, FeatureUnavailableError
+from ..binding import call_arguments
+from ..conditions import te_installed
+from ..errors import ArgumentError
+from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
 from ..offload import dtypes as dtype_rules
 from ..offload import hybrid
@@ -42,7 +45,18 @@ FLAG_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 
 def te_missing() -> bool:
-    return importlib.util.find_spec("transformer_engine") is None
+    return not te_installed()
+
+
+FLAG_NEEDS = (
+    FlagNeed("--optimizer-cpu-offload", devices=frozenset({"musa", "cpu"}),
+             because="upstream's HybridDeviceOptimizer tells device from host tensors by "
+                     ".is_cuda, so off CUDA it offloads nothing and then fails"),
+    FlagNeed("--use-precision-aware-optimizer",
+             when=lambda args: getattr(args, "use_precision_aware_optimizer", False)
+             and te_missing(),
+             because="upstream's precision-aware Adam is TransformerEngine's FusedAdam"),
+)
 
 
 @hookimpl
@@ -51,7 +65,7 @@ def mmp_register_patches(registry, device):
         registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, why=why))
 
     add("split", HYBRID + "_get_sub_optimizer_param_groups", "replace",
-        hybrid.split_param_groups,
+        hybrid.split_param_groups_for(device),
         f"the {device.name} row decides what is on the accelerator (not .is_cuda); offloaded "
         f"parameters get host copies of their own, pinned where the device has pinned memory")
     add("place_state", HYBRID + "_move_new_state_to_right_device", "replace", hybrid.place_state,
@@ -77,19 +91,19 @@ def mmp_register_patches(registry, device):
         "wrap", _config_post_init,
         "precision-aware optimizer without TE; offload and dtype choices checked")
     add("builder", f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
-        _build_optimizer, "PrecisionAwareAdamW where upstream needs TE's FusedAdam")
+        functools.partial(_build_optimizer, device),
+        "PrecisionAwareAdamW where upstream needs TE's FusedAdam")
 
 
 # ----------------------------------------------------------------------------- flags
 
 
 @hookimpl
-def mmp_validate_args(args, device):
+def mmp_validate_args(args):
     offload = bool(getattr(args, "optimizer_cpu_offload", False))
     aware = bool(getattr(args, "use_precision_aware_optimizer", False))
     if not (offload or aware or _offload_only_flags(args) or _dtype_flags(args)):
         return
-    _require_feature(offload, aware, device)
     problems = _flag_problems(args, offload, aware)
     if problems:
         raise ArgumentError(problems[0])
@@ -109,24 +123,6 @@ def _offload_only_flags(args):
 def _dtype_flags(args):
     return {attr: FLAG_DTYPES.get(getattr(args, attr), getattr(args, attr))
             for attr in dtype_rules.FLAGS if hasattr(args, attr)}
-
-
-def _require_feature(offload, aware, device):
-    """Off CUDA (or without TE) the flags need this feature's patches."""
-    from ..activation import current
-
-    registry = current().registry
-    why = None
-    if FEATURE in registry.disabled_features:
-        why = "is switched off (MEGATRON_MUSA_PATCH_DISABLE / MEGATRON_MUSA_PATCH_ONLY)"
-    elif registry.feature_problems(FEATURE):
-        why = f"did not apply: {registry.feature_problems(FEATURE)[0]}"
-    if why and (offload and device.name != "cuda" or aware and te_missing()):
-        flag = "--optimizer-cpu-offload" if offload else "--use-precision-aware-optimizer"
-        raise FeatureUnavailableError(
-            f"{flag} needs the '{FEATURE}' feature on the {device.name} device"
-            f"{' without TransformerEngine' if te_missing() else ''}, which {why}; switch it "
-            f"on or remove the flag.")
 
 
 def _flag_problems(args, offload, aware):
@@ -227,8 +223,8 @@ def _check_config(config):
 # ----------------------------------------------------------------------------- optimizer classes
 
 
-def _build_optimizer(wrapped, instance, args, kwargs):
-    config = kwargs.get("config", args[0] if args else None)
+def _build_optimizer(device, wrapped, instance, args, kwargs):
+    config = call_arguments(wrapped, args, kwargs).get("config")
     module = sys.modules[OPTIMIZER]
     swaps = optimizer_classes(config, module)
     saved = {name: getattr(module, name) for name in swaps}
@@ -240,19 +236,17 @@ def _build_optimizer(wrapped, instance, args, kwargs):
         for name, value in saved.items():
             setattr(module, name, value)
     if getattr(config, "optimizer_cpu_offload", False):
-        _report(optimizer, config)
+        _report(optimizer, config, device)
     return optimizer
 
 
-def _report(optimizer, config):
+def _report(optimizer, config, row):
     """One line on global rank 0: what this rank steps on the host, counted from the optimizer."""
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return
-    from ..activation import current
     from ..offload.counting import placement
 
     placed = placement(optimizer)
-    row = current().device
     total = placed["host_params"] + placed["device_params"]
     print(f"megatron_musa_patch: optimizer offload on rank 0: {placed['host_params']} of {total} "
           f"parameter shards ({placed['host_numel']} of "

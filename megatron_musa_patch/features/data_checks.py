@@ -13,10 +13,12 @@ the file, the document and the fix.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
 
+from ..binding import call_arguments
 from ..data.errors import DataError
 from ..hookspecs import hookimpl
 from ..registry import Patch
@@ -29,20 +31,21 @@ DESCRIPTION = "--data-path pairs checked at start-up: present, undamaged, token 
 #: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids
 SCAN_TOKENS = 1 << 26
 _WINDOWS = 64
-_checked = {}
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry):
+    # (file, vocabulary size) pairs this run has checked: each file is read once per run
+    checked = session.state_for(FEATURE, set)
     registry.add(Patch(
         "data_checks.gpt_low_level_dataset",
         "megatron.core.datasets.gpt_dataset:GPTDataset.build_low_level_dataset", "wrap",
-        _build_low_level_dataset, FEATURE,
+        functools.partial(_build_low_level_dataset, checked), FEATURE,
         why="check each --data-path pair and its token ids against the tokenizer"))
 
 
-def _build_low_level_dataset(wrapped, instance, args, kwargs):
-    call = dict(zip(("dataset_path", "config"), args), **kwargs)
+def _build_low_level_dataset(checked, wrapped, instance, args, kwargs):
+    call = call_arguments(wrapped, args, kwargs)
     path, config = call.get("dataset_path"), call.get("config")
     if not isinstance(path, str) or "://" in path or getattr(config, "mock", False):
         return wrapped(*args, **kwargs)  # object storage or mock data: nothing on disk here
@@ -51,7 +54,10 @@ def _build_low_level_dataset(wrapped, instance, args, kwargs):
     tokenizer = getattr(config, "tokenizer", None)
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab:
-        check_token_range(path, dataset, int(vocab), tokenizer_name(tokenizer))
+        key = (os.path.realpath(path + ".bin"), int(vocab))
+        if key not in checked:
+            check_token_range(path, dataset, int(vocab), tokenizer_name(tokenizer))
+            checked.add(key)
     return dataset
 
 
@@ -80,14 +86,10 @@ def check_pair(prefix: str) -> None:
 
 def check_token_range(prefix: str, dataset, vocab_size: int, tokenizer_name: str) -> None:
     """Raise DataError when a token id of ``prefix`` is not in ``[0, vocab_size)``."""
-    key = (os.path.realpath(prefix + ".bin"), vocab_size)
-    if key in _checked:
-        return
     index = dataset.index
     dtype = np.dtype(index.dtype)
     total = int(index.sequence_lengths.astype(np.int64).sum())
     found = first_out_of_range(prefix + ".bin", dtype, total, vocab_size)
-    _checked[key] = True
     if found is None:
         return
     position, token = found

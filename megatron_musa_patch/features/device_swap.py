@@ -1,20 +1,21 @@
 """Device swap: Megatron's CUDA spellings run on the selected device (MUSA or CPU).
 
-Covers the sites listed in design.md: the ``torch.cuda`` API (device queries, streams, events,
+Covers the sites where Megatron names CUDA: the ``torch.cuda`` API (device queries, streams, events,
 RNG, memory statistics, nvtx), ``device='cuda'`` / ``.cuda()`` / ``torch.device('cuda')`` /
 integer device indices, ``Tensor.type()`` strings, ``.is_cuda`` (MUSA), pinned memory, autocast,
-the RNG tracker, and ``@jit_fuser``. Nothing here is applied on the CUDA row.
+the RNG tracker, and ``@jit_fuser``. The records are registered on every device and applied
+off CUDA only (the CUDA row has nothing to swap; ``@jit_fuser`` follows ``MEGATRON_MUSA_PATCH_JIT``
+there too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
 
 import torch
 
+from ..compiling import compile_with_fallback
 from ..device import torch_api
 from ..hookspecs import hookimpl
 from ..registry import Patch
@@ -24,20 +25,16 @@ REQUIRED = True
 DESCRIPTION = "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to the selected device"
 
 OFF_CUDA = frozenset({"musa", "cpu"})
-JIT_ENV = "MEGATRON_MUSA_PATCH_JIT"
 
 logger = logging.getLogger("megatron_musa_patch")
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
-    if not device.rewrites_cuda:
-        registry.extend(_jit_patches(device))
-        return
+def mmp_register_patches(session, registry, device):
     registry.extend(_torch_cuda_patches(device))
     registry.extend(_device_string_patches(device))
     registry.extend(_megatron_patches(device))
-    registry.extend(_jit_patches(device))
+    registry.extend(_jit_patches(device, session.settings.jit))
 
 
 def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
@@ -106,19 +103,18 @@ def _dataloader_without_pinning(wrapped, instance, args, kwargs):
 
 
 def _megatron_patches(device):
-    if device.torch_type == "cpu":
-        yield Patch(
-            "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
-            "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE,
-            devices=frozenset({"cpu"}), strict=True,
-            why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
-    if device.rng_shared_with_host:
-        yield Patch(
-            "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
-            "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE,
-            devices=frozenset({device.name}),
-            why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
-        )
+    yield Patch(
+        "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
+        "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE,
+        devices=frozenset({"cpu"}), strict=True,
+        why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
+    yield Patch(
+        "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
+        "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE,
+        devices=OFF_CUDA, condition=lambda: device.rng_shared_with_host or
+        f"the {device.name} generator is not the host's",
+        why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
+    )
 
 
 def _host_tensor_as_numpy(wrapped, instance, args, kwargs):
@@ -164,53 +160,24 @@ def _fork_without_false_warning(wrapped, instance, args, kwargs):
 # ----------------------------------------------------------------------------- @jit_fuser
 
 
-def jit_mode(device) -> str:
-    value = os.environ.get(JIT_ENV, "auto").strip().lower() or "auto"
-    if value not in ("auto", "compile", "eager"):
-        from ..errors import ArgumentError
-
-        raise ArgumentError(f"{JIT_ENV}={value!r}: use auto, compile or eager.")
-    return device.jit_default if value == "auto" else value
+def jit_mode(device, setting: str) -> str:
+    """What ``@jit_fuser`` does: ``setting`` (MEGATRON_MUSA_PATCH_JIT), auto = the row's own."""
+    return device.jit_default if setting == "auto" else setting
 
 
-def _jit_patches(device):
-    mode = jit_mode(device)
-    if mode == "compile" and device.jit_default == "compile" and not device.rewrites_cuda:
-        return  # CUDA with upstream's own choice: nothing to change
+def _jit_patches(device, setting: str):
+    mode = jit_mode(device, setting)
+    upstream = mode == "compile" and not device.rewrites_cuda
+
+    def needed():
+        return True if not upstream else "upstream's own torch.compile on CUDA"
+
     yield Patch(
         "device.jit_fuser", "megatron.core.jit:jit_fuser", "attribute",
-        _eager if mode == "eager" else compile_with_fallback, FEATURE,
-        why=f"@jit_fuser = {mode} on {device.name} ({JIT_ENV}=auto|compile|eager)",
+        _eager if mode == "eager" else compile_with_fallback, FEATURE, condition=needed,
+        why=f"@jit_fuser = {mode} on {device.name} (MEGATRON_MUSA_PATCH_JIT=auto|compile|eager)",
     )
 
 
 def _eager(func):
     return func
-
-
-def compile_with_fallback(func):
-    """torch.compile, falling back to eager (once, with a warning) if compiling fails."""
-    compiled = torch.compile(func)
-    state = {"fn": compiled}
-
-    @functools.wraps(func)
-    def call(*args, **kwargs):
-        try:
-            return state["fn"](*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - only compiler failures are absorbed
-            if state["fn"] is func or not _is_compile_failure(exc):
-                raise
-            logger.warning("megatron_musa_patch: torch.compile failed for %s (%s); running it "
-                           "eagerly", getattr(func, "__qualname__", func), type(exc).__name__)
-            state["fn"] = func
-            return func(*args, **kwargs)
-
-    return call
-
-
-def _is_compile_failure(exc: BaseException) -> bool:
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    modules = {cls.__module__ for cls in type(exc).__mro__}
-    return bool(names & {"BackendCompilerFailed", "InductorError", "CppCompileError",
-                         "TorchDynamoException", "InvalidCxxCompiler"}) or any(
-        m.startswith(("torch._dynamo", "torch._inductor")) for m in modules)

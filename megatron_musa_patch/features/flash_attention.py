@@ -24,9 +24,12 @@ which raises its own error.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 
-from ..errors import FeatureUnavailableError
+from ..binding import call_arguments
+from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -35,44 +38,35 @@ REQUIRED = False
 DESCRIPTION = "--use-flash-attn on the local spec: core attention through SDPA"
 
 logger = logging.getLogger("megatron_musa_patch")
-_ARGS = ("query", "key", "value", "attention_mask", "attn_mask_type", "attention_bias",
-         "packed_seq_params")
-_warned = set()
-#: printed once per process on rank 0 when the SDPA path first runs
+#: printed once per run on rank 0 when the SDPA path first runs
 ANNOUNCEMENT = ("megatron_musa_patch: --use-flash-attn: core attention runs through "
                 "scaled_dot_product_attention")
-_announced = []
+
+FLAG_NEEDS = (FlagNeed(
+    "--use-flash-attn",
+    when=lambda args: getattr(args, "use_flash_attn", False)
+    and not getattr(args, "use_legacy_models", False)
+    and getattr(args, "transformer_impl", "local") == "local",
+    because="with --transformer-impl local: upstream's local attention has no flash path and "
+            "would ignore the flag"),)
+
+
+@dataclasses.dataclass
+class _Said:
+    """What this run already told the user."""
+
+    fallbacks: set = dataclasses.field(default_factory=set)
+    announced: bool = False
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry):
+    said = session.state_for(FEATURE, _Said)
     registry.add(Patch(
         f"{FEATURE}.core_attention",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.forward", "wrap",
-        _forward, FEATURE,
+        functools.partial(_forward, said, session.is_rank_zero()), FEATURE,
         why="--use-flash-attn: local core attention through scaled_dot_product_attention"))
-
-
-@hookimpl
-def mmp_validate_args(args, device):
-    if not getattr(args, "use_flash_attn", False) or getattr(args, "use_legacy_models", False):
-        return
-    if getattr(args, "transformer_impl", "local") != "local":
-        return  # TransformerEngine's attention picks its own backend
-    from ..activation import current
-
-    registry = current().registry
-    if FEATURE in registry.disabled_features:
-        raise FeatureUnavailableError(
-            f"--use-flash-attn with --transformer-impl local needs the '{FEATURE}' feature, which "
-            f"MEGATRON_MUSA_PATCH_DISABLE/ONLY switched off (upstream's local attention has no "
-            f"flash path and would ignore the flag); switch the feature back on or remove "
-            f"--use-flash-attn.")
-    problems = registry.feature_problems(FEATURE)
-    if problems:
-        raise FeatureUnavailableError(
-            f"--use-flash-attn with --transformer-impl local needs the '{FEATURE}' patches, which "
-            f"failed: {problems[0]}")
 
 
 @hookimpl
@@ -81,32 +75,30 @@ def mmp_transformer_config(args, config):
         args, "use_legacy_models", False)
 
 
-def _fallback(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
+def _fallback(said: _Said, reason: str) -> None:
+    if reason not in said.fallbacks:
+        said.fallbacks.add(reason)
         logger.warning("megatron_musa_patch: --use-flash-attn: %s; this attention runs "
                        "upstream's unfused code", reason)
 
 
-def _forward(wrapped, instance, args, kwargs):
+def _forward(said, rank_zero, wrapped, instance, args, kwargs):
     if not getattr(instance.config, "use_flash_attn", False):
         return wrapped(*args, **kwargs)
-    call = dict(zip(_ARGS, args), **kwargs)
+    call = call_arguments(wrapped, args, kwargs)
     if call.get("attention_bias") is not None or call.get("packed_seq_params") is not None:
         return wrapped(*args, **kwargs)  # unsupported upstream too: its assertion explains
     if getattr(instance, "softmax_offset", None) is not None:
-        _fallback(f"--softmax-type {instance.config.softmax_type} (a softmax offset)")
+        _fallback(said, f"--softmax-type {instance.config.softmax_type} (a softmax offset)")
         return wrapped(*args, **kwargs)
     from ..ops.attention import sdpa_preferred
 
     query, key = call["query"], call["key"]
     if not sdpa_preferred(query.device.type, query.dtype, query.shape[0], key.shape[0]):
         return wrapped(*args, **kwargs)  # measured faster on this device for this size
-    if not _announced:
-        _announced.append(True)
-        from ..activation import is_rank_zero
-
-        if is_rank_zero():
+    if not said.announced:
+        said.announced = True
+        if rank_zero:
             print(ANNOUNCEMENT, flush=True)
     return run_core_attention(instance, call["query"], call["key"], call["value"],
                               call.get("attention_mask"))

@@ -1,25 +1,25 @@
 """Megatron's command line: plugin argument groups, validation, and configs.
 
-Each plugin's flags are remembered by owner, so a flag of a feature that is switched off
-(``MEGATRON_MUSA_PATCH_DISABLE``/``ONLY``) or whose patches failed is an error naming the flag,
-the feature and why, instead of a flag that silently does nothing.
-
 Wraps ``megatron.training.arguments.parse_args`` so every plugin's ``mmp_add_arguments`` runs
 on Megatron's own parser (after the script's ``extra_args_provider``), ``validate_args`` so
 every plugin's ``mmp_validate_args`` runs before Megatron's checks, and the builders of the
 TransformerConfig and OptimizerConfig so plugins carry their flags onto them
 (``mmp_transformer_config`` / ``mmp_optimizer_config``). The patch table is logged on rank 0
 once the arguments are parsed: by then Megatron's modules are imported.
+
+Before any plugin validates, flags that need a feature which is switched off or whose patches
+failed are refused in one place (``check_flag_needs``): the flags each plugin added (given, not
+at their default) and those it declares in ``FLAG_NEEDS``.
 """
 
 from __future__ import annotations
 
-from ..errors import FeatureUnavailableError
+import functools
+
+from ..binding import call_arguments
+from ..flag_needs import unavailable_error
 from ..hookspecs import hookimpl
 from ..registry import Patch
-
-#: plugin name -> the argparse actions its mmp_add_arguments added (filled by parse_args)
-FLAG_OWNERS = {}
 
 FEATURE = "megatron_args"
 REQUIRED = True
@@ -27,99 +27,86 @@ DESCRIPTION = "plugin argument groups and validation inside Megatron's parse_arg
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
-    registry.add(Patch("megatron_args.parse_args", "megatron.training.arguments:parse_args",
-                       "wrap", _parse_args, FEATURE, strict=True,
-                       why="adds plugin argument groups to Megatron's parser"))
-    registry.add(Patch("megatron_args.validate_args", "megatron.training.arguments:validate_args",
-                       "wrap", _validate_args, FEATURE, strict=True,
-                       why="plugin flag checks run before Megatron's"))
-    registry.add(Patch("megatron_args.transformer_config",
-                       "megatron.training.arguments:core_transformer_config_from_args", "wrap",
-                       _transformer_config, FEATURE, strict=True,
-                       why="plugins carry their flags onto the TransformerConfig"))
-    registry.add(Patch("megatron_args.optimizer_config",
-                       "megatron.training.training:get_megatron_optimizer_config", "wrap",
-                       _optimizer_config, FEATURE, strict=True,
-                       why="plugins carry their flags onto the OptimizerConfig"))
+def mmp_register_patches(session, registry):
+    def add(pid, target, impl, why):
+        registry.add(Patch(f"megatron_args.{pid}", target, "wrap",
+                           functools.partial(impl, session), FEATURE, strict=True, why=why))
+
+    add("parse_args", "megatron.training.arguments:parse_args", _parse_args,
+        "adds plugin argument groups to Megatron's parser")
+    add("validate_args", "megatron.training.arguments:validate_args", _validate_args,
+        "plugin flag checks run before Megatron's")
+    add("transformer_config", "megatron.training.arguments:core_transformer_config_from_args",
+        _transformer_config, "plugins carry their flags onto the TransformerConfig")
+    add("optimizer_config", "megatron.training.training:get_megatron_optimizer_config",
+        _optimizer_config, "plugins carry their flags onto the OptimizerConfig")
 
 
-def _bind(args, kwargs, names):
-    bound = dict(zip(names, args))
-    bound.update(kwargs)
-    return bound
-
-
-def _parse_args(wrapped, instance, args, kwargs):
-    from .. import activation
-
-    call = _bind(args, kwargs, ("extra_args_provider", "ignore_unknown_args"))
+def _parse_args(session, wrapped, instance, args, kwargs):
+    call = call_arguments(wrapped, args, kwargs)
     user_provider = call.get("extra_args_provider")
 
     def provider(parser):
         if user_provider is not None:
             parser = user_provider(parser) or parser
-        add_plugin_arguments(activation.current().plugins, parser)
+        add_plugin_arguments(session, parser)
         return parser
 
     call["extra_args_provider"] = provider
     parsed = wrapped(**call)
-    activation.log_table_once()
+    session.log_table_once()
     return parsed
 
 
-def _validate_args(wrapped, instance, args, kwargs):
-    from .. import activation
-
-    state = activation.current()
-    call = _bind(args, kwargs, ("args", "defaults"))
-    check_unavailable_flags(call["args"], state.registry)
-    state.plugins.hook.mmp_validate_args(args=call["args"], device=state.device)
+def _validate_args(session, wrapped, instance, args, kwargs):
+    megatron_args = call_arguments(wrapped, args, kwargs)["args"]
+    check_flag_needs(session, megatron_args)
+    session.plugins.hook.mmp_validate_args(args=megatron_args, session=session,
+                                           device=session.device)
     return wrapped(*args, **kwargs)
 
 
-def add_plugin_arguments(plugins, parser) -> None:
+def add_plugin_arguments(session, parser) -> None:
     """Run every plugin's ``mmp_add_arguments`` and remember which flags each one added."""
-    FLAG_OWNERS.clear()
-    for impl in plugins.hook.mmp_add_arguments.get_hookimpls():
+    session.flag_owners.clear()
+    for impl in session.plugins.hook.mmp_add_arguments.get_hookimpls():
         before = len(parser._actions)
-        impl.function(parser=parser)
-        FLAG_OWNERS.setdefault(impl.plugin_name, []).extend(parser._actions[before:])
+        wanted = {"parser": parser, "session": session}
+        impl.function(**{name: wanted[name] for name in impl.argnames})
+        session.flag_owners.setdefault(impl.plugin_name, []).extend(parser._actions[before:])
 
 
-def check_unavailable_flags(args, registry) -> None:
-    """A flag given (not at its default) whose feature is off or broken is an error."""
-    for feature, actions in FLAG_OWNERS.items():
-        if feature in registry.disabled_features:
-            why = "which is switched off (MEGATRON_MUSA_PATCH_DISABLE / MEGATRON_MUSA_PATCH_ONLY)"
-            fix = "switch the feature back on, or remove the flag"
-        else:
-            problems = registry.feature_problems(feature)
-            if not problems:
-                continue
-            why = f"whose patches failed: {problems[0]}"
-            fix = "see `mmp doctor`"
-        for action in actions:
+def _flag_name(action) -> str:
+    return max(action.option_strings, key=len, default=action.dest)
+
+
+def check_flag_needs(session, args) -> None:
+    """A flag in effect whose feature is switched off or broken is an error (one paragraph)."""
+    for feature, plugin in session.plugins.list_name_plugin():
+        if plugin is None or not hasattr(plugin, "FEATURE"):
+            continue  # a blocked plugin, or the built-in device choice
+        why = session.why_unavailable(feature)
+        if why is None:
+            continue
+        for action in session.flag_owners.get(feature, ()):
             if getattr(args, action.dest, action.default) != action.default:
-                flag = max(action.option_strings, key=len, default=action.dest)
-                raise FeatureUnavailableError(
-                    f"{flag} belongs to the feature '{feature}', {why}; {fix}.")
+                raise unavailable_error(_flag_name(action), feature, why)
+        for need in getattr(plugin, "FLAG_NEEDS", ()):
+            if need.applies(args, session.device.name):
+                raise unavailable_error(need.flag, feature, why, need.because, need.instead)
 
 
-def _transformer_config(wrapped, instance, args, kwargs):
-    from .. import activation
-
+def _transformer_config(session, wrapped, instance, args, kwargs):
     config = wrapped(*args, **kwargs)
-    megatron_args = kwargs.get("args", args[0] if args else None)
-    activation.current().plugins.hook.mmp_transformer_config(args=megatron_args, config=config)
+    megatron_args = call_arguments(wrapped, args, kwargs)["args"]
+    session.plugins.hook.mmp_transformer_config(args=megatron_args, config=config,
+                                                session=session)
     return config
 
 
-def _optimizer_config(wrapped, instance, args, kwargs):
-    from .. import activation
-
+def _optimizer_config(session, wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     config = result[0] if isinstance(result, tuple) else result
-    megatron_args = kwargs.get("args", args[0] if args else None)
-    activation.current().plugins.hook.mmp_optimizer_config(args=megatron_args, config=config)
+    megatron_args = call_arguments(wrapped, args, kwargs)["args"]
+    session.plugins.hook.mmp_optimizer_config(args=megatron_args, config=config, session=session)
     return result

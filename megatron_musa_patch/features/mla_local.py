@@ -15,10 +15,11 @@ module imports, which it does without TE (its classes are then None), and then c
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import math
 
+from ..binding import call_arguments
+from ..conditions import te_missing
+from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -26,9 +27,15 @@ FEATURE = "mla_local"
 REQUIRED = False
 DESCRIPTION = "--multi-latent-attention with the local (no TransformerEngine) attention"
 
+FLAG_NEEDS = (FlagNeed("--multi-latent-attention",
+                       when=lambda args: getattr(args, "multi_latent_attention", False)
+                       and getattr(args, "transformer_impl", "local") == "local",
+                       because="on the local spec upstream's MLA passes arguments the local "
+                               "attention does not take"),)
+
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(registry):
     registry.add(Patch(
         "mla_local.dot_product_attention_channels",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
@@ -36,25 +43,8 @@ def mmp_register_patches(registry, device):
         why="MLA passes k_channels/v_channels: set the output width and default scale from them"))
     registry.add(Patch(
         "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
-        "attribute", False, FEATURE, condition=_te_missing,
+        "attribute", False, FEATURE, condition=te_missing,
         why="its TE names are None without TE; the module believed TE was there"))
-
-
-def _te_missing():
-    return True if importlib.util.find_spec("transformer_engine") is None else "TE is installed"
-
-
-@hookimpl
-def mmp_validate_args(args, device):
-    if getattr(args, "multi_latent_attention", False):
-        from ..activation import current
-        from ..errors import FeatureUnavailableError
-
-        problems = current().registry.feature_problems(FEATURE)
-        if problems:
-            raise FeatureUnavailableError(
-                f"--multi-latent-attention on the local spec needs the '{FEATURE}' patches, which "
-                f"failed: {problems[0]}")
 
 
 def _accept_k_v_channels(wrapped, instance, args, kwargs):
@@ -63,7 +53,7 @@ def _accept_k_v_channels(wrapped, instance, args, kwargs):
     wrapped(*args, **kwargs)
     if k_channels is None and v_channels is None:
         return
-    call = inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
+    call = call_arguments(wrapped, args, kwargs, defaults=False)
     heads = instance.num_attention_heads_per_partition
     if v_channels is not None:
         instance.hidden_size_per_partition = v_channels * heads

@@ -19,12 +19,14 @@ router's tensor x context-parallel group, like upstream's ``load_balancing_loss`
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import List
 
 import torch
 
 from .. import moe_balance
-from ..errors import ArgumentError, FeatureUnavailableError
+from ..binding import call_arguments
+from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -37,9 +39,12 @@ COMM_LOSS = "communication_balancing_loss"
 ROUTER = "megatron.core.transformer.moe.router"
 
 _routing_router = contextvars.ContextVar("mmp_routing_router", default=None)
-#: loss names Megatron-LM's training loop must reduce and log (set from the flags; every rank
-#: gets the same list, which the cross-rank reduction needs)
-_tracked: List[str] = []
+
+
+def _tracked(session) -> List[str]:
+    """The loss names Megatron-LM's training loop must reduce and log in this run (set from the
+    flags; every rank gets the same list, which the cross-rank reduction needs)."""
+    return session.state_for(f"{FEATURE}.tracked", list)
 
 
 @hookimpl
@@ -55,7 +60,7 @@ def mmp_add_arguments(parser):
 
 
 @hookimpl
-def mmp_validate_args(args, device):
+def mmp_validate_args(args):
     a2 = args.moe_device_level_aux_loss_coeff
     a3 = args.moe_comm_aux_loss_coeff
     capacity = args.moe_device_level_capacity
@@ -64,12 +69,6 @@ def mmp_validate_args(args, device):
     names = [n for n, on in (("--moe-device-level-aux-loss-coeff", a2),
                              ("--moe-comm-aux-loss-coeff", a3),
                              ("--moe-device-level-capacity", capacity)) if on]
-    from ..activation import current
-
-    problems = current().registry.feature_problems(FEATURE)
-    if problems:
-        raise FeatureUnavailableError(f"{', '.join(names)} need the '{FEATURE}' patches, which "
-                                      f"failed: {problems[0]}")
     if not args.num_experts:
         raise ArgumentError(f"{', '.join(names)} apply to MoE layers: add --num-experts.")
     if a2 < 0 or a3 < 0:
@@ -99,21 +98,21 @@ def mmp_validate_args(args, device):
 
 
 @hookimpl
-def mmp_transformer_config(args, config):
+def mmp_transformer_config(args, config, session):
     config.moe_device_level_aux_loss_coeff = args.moe_device_level_aux_loss_coeff
     config.moe_comm_aux_loss_coeff = args.moe_comm_aux_loss_coeff
     config.moe_device_level_capacity = args.moe_device_level_capacity
-    track([name for name, on in ((DEVICE_LOSS, args.moe_device_level_aux_loss_coeff),
-                                 (COMM_LOSS, args.moe_comm_aux_loss_coeff)) if on])
+    track(session, [name for name, on in ((DEVICE_LOSS, args.moe_device_level_aux_loss_coeff),
+                                          (COMM_LOSS, args.moe_comm_aux_loss_coeff)) if on])
 
 
-def track(names: List[str]) -> None:
+def track(session, names: List[str]) -> None:
     """Make Megatron-LM's MoE logging reduce and print these loss names (every rank alike)."""
-    _tracked[:] = names
+    _tracked(session)[:] = names
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry):
     registry.add(Patch(f"{FEATURE}.routing", f"{ROUTER}:TopKRouter.routing", "wrap", _routing,
                        FEATURE, why="device-level / communication losses after upstream routing"))
     registry.add(Patch(f"{FEATURE}.token_dropping", f"{ROUTER}:apply_router_token_dropping",
@@ -121,7 +120,8 @@ def mmp_register_patches(registry, device):
                        why="--moe-device-level-capacity: capacity per device, not per expert"))
     registry.add(Patch(f"{FEATURE}.track_moe_metrics",
                        "megatron.core.transformer.moe.moe_utils:track_moe_metrics", "wrap",
-                       _track_moe_metrics, FEATURE, why="log the two losses next to upstream's"))
+                       functools.partial(_track_moe_metrics, _tracked(session)), FEATURE,
+                       why="log the two losses next to upstream's"))
 
 
 def _cfg(config, name, default=0.0):
@@ -142,7 +142,7 @@ def _routing(wrapped, instance, args, kwargs):
     from megatron.core.transformer.moe.moe_utils import (
         compute_routing_scores_for_aux_loss, get_tokens_per_expert_and_token_count)
 
-    logits = kwargs.get("logits", args[0] if args else None)
+    logits = call_arguments(wrapped, args, kwargs)["logits"]
     logits = logits.view(-1, config.num_moe_experts)
     devices = config.expert_model_parallel_size
     group = instance.tp_cp_group
@@ -172,18 +172,14 @@ def _token_dropping(wrapped, instance, args, kwargs):
     router = _routing_router.get()
     if router is None or not getattr(router.config, "moe_device_level_capacity", False):
         return wrapped(*args, **kwargs)
-    import inspect
-
-    call = inspect.signature(wrapped).bind(*args, **kwargs)
-    call.apply_defaults()
-    a = call.arguments
+    a = call_arguments(wrapped, args, kwargs)
     return moe_balance.drop_over_device_capacity(
         a["routing_probs"], a["routing_map"], a["router_topk"], router.config.expert_model_parallel_size,
         a["capacity_factor"], by=a["drop_policy"])
 
 
-def _track_moe_metrics(wrapped, instance, args, kwargs):
-    if _tracked and kwargs.get("track_names") is not None:
+def _track_moe_metrics(tracked, wrapped, instance, args, kwargs):
+    if tracked and kwargs.get("track_names") is not None:
         kwargs["track_names"] = list(kwargs["track_names"]) + [
-            n for n in _tracked if n not in kwargs["track_names"]]
+            n for n in tracked if n not in kwargs["track_names"]]
     return wrapped(*args, **kwargs)

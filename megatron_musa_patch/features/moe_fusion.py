@@ -25,10 +25,10 @@ This feature, when TE (permute) or the grouped_gemm package (GEMM) is missing:
 from __future__ import annotations
 
 import copy
-import importlib.util
-import inspect
 
-from ..errors import FeatureUnavailableError
+from ..binding import call_arguments
+from ..conditions import importable, te_installed
+from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -44,24 +44,37 @@ TE_FUSED = ("fused_permute", "fused_permute_with_probs", "fused_unpermute",
 _HIDDEN = "_mmp_moe_grouped_gemm_hidden"
 
 
-def te_missing() -> bool:
-    return importlib.util.find_spec("transformer_engine") is None
-
-
 def grouped_gemm_package_missing() -> bool:
-    return importlib.util.find_spec("grouped_gemm") is None
+    return not importable("grouped_gemm")
 
 
 def _without_te():
-    return True if te_missing() else "TransformerEngine is installed: its fused permute serves"
+    return True if not te_installed() else "TransformerEngine is installed: its fused permute serves"
 
 
 def _without_grouped_gemm():
     return True if grouped_gemm_package_missing() else "the grouped_gemm package serves"
 
 
+def _permute_fusion_needs_us(args) -> bool:
+    return getattr(args, "moe_permute_fusion", False) and not te_installed()
+
+
+def _grouped_gemm_needs_us(args) -> bool:
+    return getattr(args, "moe_grouped_gemm", False) and grouped_gemm_package_missing() and (
+        getattr(args, "transformer_impl", "local") == "local" or not te_installed())
+
+
+FLAG_NEEDS = (
+    FlagNeed("--moe-permute-fusion", when=_permute_fusion_needs_us,
+             because="upstream needs TransformerEngine for it"),
+    FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
+             because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
+)
+
+
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(registry):
     from ..ops import moe_permute
 
     def add(pid, target, kind, impl, condition, why, **extra):
@@ -105,36 +118,10 @@ class _GroupedGemmPackage:
 
 # ----------------------------------------------------------------------------- validation
 
-def _requested(args):
-    flags = []
-    if getattr(args, "moe_permute_fusion", False) and te_missing():
-        flags.append("--moe-permute-fusion")
-    if getattr(args, "moe_grouped_gemm", False) and grouped_gemm_package_missing() and (
-            getattr(args, "transformer_impl", "local") == "local" or te_missing()):
-        flags.append("--moe-grouped-gemm")
-    return flags
-
-
 @hookimpl
-def mmp_validate_args(args, device):
-    flags = _requested(args)
-    if not flags:
-        return
-    from ..activation import current
-
-    registry = current().registry
-    named = " and ".join(flags)
-    need = "need" if len(flags) > 1 else "needs"
-    if FEATURE in registry.disabled_features:
-        raise FeatureUnavailableError(
-            f"{named} without TransformerEngine / the grouped_gemm package {need} the "
-            f"'{FEATURE}' feature, which MEGATRON_MUSA_PATCH_DISABLE/ONLY switched off; switch it "
-            f"back on or remove {named}.")
-    problems = registry.feature_problems(FEATURE)
-    if problems:
-        raise FeatureUnavailableError(f"{named} {need} the '{FEATURE}' patches, which failed: "
-                                      f"{problems[0]}")
-    if "--moe-grouped-gemm" in flags and _capability_major() < 8:
+def mmp_validate_args(args):
+    # reached only with this feature usable (FLAG_NEEDS refuse the flags otherwise)
+    if _grouped_gemm_needs_us(args) and _capability_major() < 8:
         # Megatron-LM asserts a CUDA compute capability >= 8 for the grouped_gemm package's
         # kernel; ops.grouped_gemm has no such need. Restored by _validate_args.
         args.moe_grouped_gemm = False
@@ -151,7 +138,7 @@ def _capability_major() -> int:
 
 
 def _validate_args(wrapped, instance, args, kwargs):
-    margs = kwargs.get("args", args[0] if args else None)
+    margs = call_arguments(wrapped, args, kwargs).get("args")
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -162,14 +149,8 @@ def _validate_args(wrapped, instance, args, kwargs):
 
 # ----------------------------------------------------------------------------- call sites
 
-def _bound(wrapped, args, kwargs):
-    call = inspect.signature(wrapped).bind(*args, **kwargs)
-    call.apply_defaults()
-    return call.arguments
-
-
 def _permute(wrapped, instance, args, kwargs):
-    a = _bound(wrapped, args, kwargs)
+    a = call_arguments(wrapped, args, kwargs)
     if not a["fused"]:
         return wrapped(*args, **kwargs)
     from ..ops import moe_permute
@@ -179,7 +160,7 @@ def _permute(wrapped, instance, args, kwargs):
 
 
 def _unpermute(wrapped, instance, args, kwargs):
-    a = _bound(wrapped, args, kwargs)
+    a = call_arguments(wrapped, args, kwargs)
     if not a["fused"]:
         return wrapped(*args, **kwargs)
     from ..ops import moe_permute
@@ -189,7 +170,7 @@ def _unpermute(wrapped, instance, args, kwargs):
 
 
 def _sort_chunks(wrapped, instance, args, kwargs):
-    a = _bound(wrapped, args, kwargs)
+    a = call_arguments(wrapped, args, kwargs)
     if not a["fused"]:
         return wrapped(*args, **kwargs)
     from ..ops import moe_permute

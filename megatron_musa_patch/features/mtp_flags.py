@@ -32,7 +32,7 @@ def mmp_add_arguments(parser):
 
 
 @hookimpl
-def mmp_validate_args(args, device):
+def mmp_validate_args(args):
     depth = getattr(args, "mtp_depth", None)
     coeff = getattr(args, "mtp_coeff", None)
     enabled = getattr(args, "use_multi_token_prediction", False) or depth is not None

@@ -20,6 +20,8 @@ The logic lives in ``megatron_musa_patch.recompute``.
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..recompute import rules, wrappers
@@ -35,24 +37,28 @@ _LAYERS = "megatron.core.tensor_parallel.layers:"
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry):
+    def bound(wrapper):
+        return functools.partial(wrapper, session)
+
     registry.extend([
         Patch("recompute.attention_block", _LAYER + "_forward_attention", "wrap",
-              wrappers.forward_attention, FEATURE,
+              bound(wrappers.forward_attention), FEATURE,
               why="--attn-recompute checkpoints the attention block; variance: norm recompute"),
-        Patch("recompute.mlp_block", _LAYER + "_forward_mlp", "wrap", wrappers.forward_mlp,
-              FEATURE, why="--mlp-recompute checkpoints the MLP block; variance: norm recompute"),
+        Patch("recompute.mlp_block", _LAYER + "_forward_mlp", "wrap",
+              bound(wrappers.forward_mlp), FEATURE,
+              why="--mlp-recompute checkpoints the MLP block; variance: norm recompute"),
         Patch("recompute.sequential_experts", _EXPERTS + "SequentialMLP.forward", "wrap",
-              wrappers.experts_forward, FEATURE,
+              bound(wrappers.experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
         Patch("recompute.grouped_experts", _EXPERTS + "GroupedMLP.forward", "wrap",
-              wrappers.experts_forward, FEATURE,
+              bound(wrappers.experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
         Patch("recompute.te_grouped_experts", _EXPERTS + "TEGroupedMLP.forward", "wrap",
-              wrappers.experts_forward, FEATURE,
+              bound(wrappers.experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
         Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
-              wrappers.shared_experts_forward, FEATURE,
+              bound(wrappers.shared_experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)"),
         Patch("recompute.deferred_linear", _LAYERS + "RowParallelLinear._forward_impl", "wrap",
               wrappers.row_parallel_forward_impl, FEATURE,
@@ -84,16 +90,10 @@ def mmp_add_arguments(parser):
 
 
 @hookimpl
-def mmp_validate_args(args, device):
-    flags = rules.requested(args)
-    if not flags:
-        return
+def mmp_validate_args(args):
     found = rules.problems(args)
     if found:
         raise ArgumentError(found[0])
-    from ..activation import current
-
-    wrappers.unavailable(current().registry, flags)
 
 
 @hookimpl

@@ -18,12 +18,14 @@ Reading the two numbers off the line keeps the new fields consistent with upstre
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 import sys
 from typing import Optional
 
-from ..errors import ArgumentError, FeatureUnavailableError
+from ..binding import call_arguments
+from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -35,17 +37,17 @@ TRAINING = "megatron.training.training"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+) \|")
 BATCH = re.compile(r"global batch size: +(\d+) \|")
 
-#: what ``train`` resolved: args, peak (Peak or None), why there is no peak
-_STATE: dict = {}
-
-
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry, device):
+    # what ``train`` resolves for the log lines of this run: args, peak (Peak or None), why none
+    resolved = session.state_for(FEATURE)
     registry.add(Patch(
-        "throughput.train", f"{TRAINING}:train", "wrap", _train, FEATURE,
+        "throughput.train", f"{TRAINING}:train", "wrap",
+        functools.partial(_train, resolved, device), FEATURE,
         why="count the model's FLOPs and resolve the device peak before the training loop"))
     registry.add(Patch(
-        "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap", _print_rank_last, FEATURE,
+        "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap",
+        functools.partial(_print_rank_last, resolved), FEATURE,
         why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line"))
 
 
@@ -63,47 +65,32 @@ def mmp_add_arguments(parser):
 
 
 @hookimpl
-def mmp_validate_args(args, device):
+def mmp_validate_args(args):
     peak = getattr(args, "device_peak_tflops", None)
     if peak is not None and not peak > 0:
         raise ArgumentError(f"--device-peak-tflops must be a positive number of TFLOP/s per "
                             f"device, not {peak}; remove it to use the peak table or the CPU "
                             f"benchmark.")
-    if peak is not None:
-        from .. import activation
-
-        registry = activation.current().registry
-        problems = registry.feature_problems(FEATURE)
-        if problems:
-            raise FeatureUnavailableError(
-                f"--device-peak-tflops needs the '{FEATURE}' feature, whose patches did not "
-                f"apply: {problems[0]}")
-        if FEATURE in registry.disabled_features:
-            raise ArgumentError(
-                f"--device-peak-tflops has no effect: the '{FEATURE}' feature is switched off "
-                f"(MEGATRON_MUSA_PATCH_DISABLE/ONLY); remove the flag or switch it back on.")
 
 
 # --------------------------------------------------------------------------- start-up
 
 
-def _train(wrapped, instance, args, kwargs):
+def _train(resolved, device, wrapped, instance, args, kwargs):
     from megatron.training.global_vars import get_args
 
     margs = get_args()
     if getattr(margs, "throughput_log", True):
-        _prepare(margs)
+        _prepare(resolved, device, margs)
     return wrapped(*args, **kwargs)
 
 
-def _prepare(margs) -> None:
-    from .. import activation
+def _prepare(resolved: dict, device, margs) -> None:
     from ..peak_flops import Peak, lookup, measure_matmul, training_dtype
 
-    _STATE.clear()
-    _STATE["args"] = margs
+    resolved.clear()
+    resolved["args"] = margs
     dtype = training_dtype(margs)
-    device = activation.current().device
     peak: Optional[Peak] = None
     why = ""
     if getattr(margs, "device_peak_tflops", None):
@@ -128,7 +115,7 @@ def _prepare(margs) -> None:
 
         name = torch.cuda.get_device_properties(0).name
         peak, why = lookup(name, dtype)
-    _STATE["peak"], _STATE["why"] = peak, why
+    resolved["peak"], resolved["why"] = peak, why
     if _rank() == 0:
         print(_startup_line(margs, peak, why), flush=True)
 
@@ -199,10 +186,10 @@ def _rank() -> int:
 # --------------------------------------------------------------------------- the log line
 
 
-def _print_rank_last(wrapped, instance, args, kwargs):
-    message = kwargs.get("message", args[0] if args else None)
-    if isinstance(message, str) and _STATE.get("args") is not None:
-        extended = extend_log_line(message, _STATE["args"], _STATE.get("peak"))
+def _print_rank_last(resolved, wrapped, instance, args, kwargs):
+    message = call_arguments(wrapped, args, kwargs).get("message")
+    if isinstance(message, str) and resolved.get("args") is not None:
+        extended = extend_log_line(message, resolved["args"], resolved.get("peak"))
         if extended is not message:
             return wrapped(extended)
     return wrapped(*args, **kwargs)

@@ -4,7 +4,7 @@ Streams, events, ``torch.cuda.current_stream()`` and ``.to("cuda")`` in the upst
 looked up through ``torch.cuda`` when called, so the device layer already maps them to the
 selected device (CPU: synchronous streams); what the class decides by itself is fixed here:
 
-* ``split_param_groups`` -- which parameters are stepped on the host, decided by the device row
+* ``split_param_groups_for(device)`` -- which parameters are stepped on the host, decided by the device row
   (``partition``), with host copies pinned where the row has page-locked memory.
 * ``place_state`` -- each sub-optimizer's state on its parameters' device (upstream tells host
   from device optimizers by class, and both are ``torch.optim.AdamW`` without TE); moments in
@@ -33,16 +33,11 @@ from __future__ import annotations
 
 import torch
 
+from ..binding import call_arguments
 from . import partition
 
 _MODEL_PARALLEL_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride",
                               "shared")
-
-
-def _row():
-    from ..activation import current
-
-    return current().device
 
 
 def _is_hybrid(optimizer) -> bool:
@@ -54,14 +49,19 @@ def _is_hybrid(optimizer) -> bool:
 # ------------------------------------------------------------------------ HybridDeviceOptimizer
 
 
-def split_param_groups(self, offload_fraction):
-    """Replaces ``HybridDeviceOptimizer._get_sub_optimizer_param_groups``."""
-    row = _row()
-    pin = bool(getattr(self, "pin_cpu_params", True)) and row.pinned_memory
-    return partition.split(
-        self.param_groups, offload_fraction, on_device=partition.on_device_of(row.torch_type),
-        to_host=partition.host_tensor_maker(pin),
-        fp32_masters=bool(self.param_update_in_fp32)).as_upstream()
+def split_param_groups_for(device):
+    """Replacement of ``HybridDeviceOptimizer._get_sub_optimizer_param_groups`` for the selected
+    ``device`` (a ``DeviceMapping``): it decides what is on the accelerator."""
+
+    def split_param_groups(self, offload_fraction):
+        pin = bool(getattr(self, "pin_cpu_params", True)) and device.pinned_memory
+        return partition.split(
+            self.param_groups, offload_fraction,
+            on_device=partition.on_device_of(device.torch_type),
+            to_host=partition.host_tensor_maker(pin),
+            fp32_masters=bool(self.param_update_in_fp32)).as_upstream()
+
+    return split_param_groups
 
 
 def place_state(self):
@@ -205,7 +205,7 @@ def settle_loaded_state(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     hybrid = instance.optimizer
     if _is_hybrid(hybrid):
-        model_param = kwargs.get("model_param", args[0] if args else None)
+        model_param = call_arguments(wrapped, args, kwargs)["model_param"]
         group_index, group_order = instance.model_param_group_index_map[model_param]
         owner = hybrid.param_groups[group_index]["params"][group_order]
         settle(hybrid, owner)

@@ -1,30 +1,18 @@
 """Which implementation an op uses on a device: compiled kernels (``ops.kernels``, csrc/) on
 GPUs when they report the op available, otherwise the torch implementation the op module chose
-for that device type by measurement.
-
-Kernel calling conventions this package expects from ``kernels.get(name)`` (all tensors on the
-device, contiguous, last dimension the normalised / activated one; statistics in fp32):
-
-* ``rms_norm_fwd(x2d, weight, eps) -> (y, rstd)``; ``rms_norm_bwd(dy, x2d, weight, rstd) ->
-  (dx, dweight)``
-* ``layer_norm_fwd(x2d, weight, bias, eps) -> (y, mean, rstd)``;
-  ``layer_norm_bwd(dy, x2d, weight, mean, rstd) -> (dx, dweight, dbias)``
-* ``swiglu_fwd(x) -> y`` (x holds [gate | up] halves); ``swiglu_bwd(dy, x) -> dx``
-* ``rope_fwd(t, cos, sin, interleaved) -> y``; ``rope_bwd(dy, cos, sin, interleaved) -> dt``
-  (t [s, b, h, d] or [t, h, d] viewed as [t, 1, h, d]; cos/sin broadcastable to t's rotated
-  part, already scaled, in t's dtype)
+for that device type by measurement. The kernels' calling convention is ``kernels/abi.py``; the
+process-wide choices (``MEGATRON_MUSA_PATCH_OPS``, ``_KERNELS``) are ``policy.py``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable, Optional
 
-try:  # written separately (csrc/ bindings); absent until built, and on CPU-only installs
-    from . import kernels as _kernels
-except ImportError:  # pragma: no cover - depends on the build
-    _kernels = None
+from .. import compiling
+from . import kernels as _kernels
+from . import policy
+from .policy import Policy, configure  # noqa: F401 - activation configures the ops here
 
 #: MEGATRON_MUSA_PATCH_OPS=auto (default: kernels where available, else the measured choice),
 #: eager | compile (every op's torch formula, op by op or compiled), native (norms: torch's own
@@ -43,11 +31,7 @@ CPU_MIN_NUMEL = {"rms_norm": 1 << 14, "swiglu": 1 << 19, "rope": 1 << 17, "softm
 def forced() -> Optional[str]:
     """The implementation MEGATRON_MUSA_PATCH_OPS forces on every op (eager | compile |
     native), or None (auto: kernels, the size cut-off and the measured choices)."""
-    value = os.environ.get(FORCE_ENV)
-    if not value:
-        return None
-    value = value.strip().lower()
-    return value if value in ("eager", "compile", "native") else None
+    return policy.current().forced
 
 
 def too_small(op_name: str, device_type: str, numel: Optional[int]) -> bool:
@@ -79,9 +63,8 @@ def compile_or_eager(choice: str) -> str:
 
 def kernel(op_name: str, device_type: str) -> Optional[Callable]:
     """The compiled kernel for ``op_name`` on ``device_type``, or None (use torch)."""
-    if device_type == "cpu" or _kernels is None:
-        return None
-    if os.environ.get(FORCE_ENV, "auto").strip().lower() not in ("", "auto"):
+    current = policy.current()
+    if device_type == "cpu" or current.forced is not None or not current.kernels:
         return None
     return _cached_kernel(op_name, device_type)
 
@@ -97,24 +80,7 @@ def _cached_kernel(op_name: str, device_type: str) -> Optional[Callable]:
 
 
 def compiled(fn: Callable) -> Callable:
-    """``torch.compile(fn)`` made lazily on first call, eager if compiling fails (once; the
-    failure is not retried). Shapes: torch's default -- static first, dynamic after a second
-    shape (measured: static kernels ran up to 2x faster than ``dynamic=True`` ones on CPU)."""
-    state = {}
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        impl = state.get("fn")
-        if impl is None:
-            import torch
-
-            impl = state["fn"] = torch.compile(fn)
-        try:
-            return impl(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - compiler problems only; the eager call re-raises
-            if impl is fn:
-                raise
-            state["fn"] = fn
-            return fn(*args, **kwargs)
-
-    return call
+    """``torch.compile(fn)`` made lazily on first call, with the layer's one fallback policy
+    (``compiling``). Shapes: torch's default -- static first, dynamic after a second shape
+    (measured: static kernels ran up to 2x faster than ``dynamic=True`` ones on CPU)."""
+    return compiling.compile_with_fallback(fn)

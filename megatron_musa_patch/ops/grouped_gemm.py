@@ -14,18 +14,17 @@ Two implementations:
 * ``loop``: one matmul per expert (the reference).
 
 Which one runs is chosen per device type from ``benchmarks/bench_attention.py``'s grouped-GEMM
-table (``PREFERRED``); ``MEGATRON_MUSA_PATCH_GMM=loop|grouped_mm`` overrides it.
+table (``PREFERRED``); ``MEGATRON_MUSA_PATCH_GMM=loop|grouped_mm`` (the ops policy) overrides it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
 
-ENV = "MEGATRON_MUSA_PATCH_GMM"
+from . import policy
 
 #: implementation per device type, by measurement (benchmarks/bench_attention.py, grouped GEMM
 #: table): on CPU (torch 2.13, forward + backward) grouped_mm gives the loop's numbers bit for bit
@@ -87,12 +86,7 @@ IMPLEMENTATIONS: Dict[str, Callable] = {"loop": gmm_loop, "grouped_mm": gmm_grou
 
 
 def choice(device_type: str) -> str:
-    forced = os.environ.get(ENV, "").strip().lower()
-    if forced:
-        if forced not in IMPLEMENTATIONS:
-            raise ValueError(f"{ENV}={forced!r}: use one of {', '.join(IMPLEMENTATIONS)}")
-        return forced
-    return PREFERRED.get(device_type, "loop")
+    return policy.current().gmm or PREFERRED.get(device_type, "loop")
 
 
 def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,

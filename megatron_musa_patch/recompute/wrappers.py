@@ -17,7 +17,8 @@
   ``tensor_parallel.layers``) -- a deferred linear skips its GEMM and all-reduce.
 
 Outside training (``module.training`` false, no autograd, an inference context) every wrapper
-calls upstream unchanged.
+calls upstream unchanged. Each wrapper takes the session first (the feature binds it): a flag set
+on a config whose feature is off or broken is refused by the session's one paragraph.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 
 import torch
 
+from ..binding import call_arguments
 from ..errors import ArgumentError, FeatureUnavailableError
 from . import rules
 from .blocks import MARK, checkpoint_block, deferred_ids
@@ -48,7 +50,7 @@ def _training_call(module, kwargs=None) -> bool:
                             or kwargs.get("inference_params") is not None))
 
 
-def verify(config) -> None:
+def verify(session, config) -> None:
     """The rules, once per combination of settings on this config (users may change them)."""
     key = (_flags(config), getattr(config, "recompute_granularity", None),
            tuple(getattr(config, "recompute_modules", None) or ()))
@@ -57,26 +59,9 @@ def verify(config) -> None:
     found = rules.problems(config, check_impl=False)
     if found:
         raise ArgumentError(found[0])
-    from ..activation import current, is_active
-
-    if is_active():
-        unavailable(current().registry, rules.requested(config))
+    for flag in rules.requested(config):
+        session.require(FEATURE, rules.FLAGS[flag])
     config._mmp_recompute_verified = key
-
-
-def unavailable(registry, flags) -> None:
-    """Raise if the feature's patches failed or the feature is switched off: the flags would
-    otherwise do nothing."""
-    named = " ".join(rules.FLAGS[f] for f in flags)
-    need = "need" if len(flags) > 1 else "needs"
-    failed = registry.feature_problems(FEATURE)
-    if failed:
-        raise FeatureUnavailableError(
-            f"{named} {need} the '{FEATURE}' patches, which failed: {failed[0]}")
-    if FEATURE in registry.disabled_features:
-        raise FeatureUnavailableError(
-            f"{named} {need} the '{FEATURE}' feature, which MEGATRON_MUSA_PATCH_DISABLE/ONLY "
-            f"switched off; switch it back on or drop {named}.")
 
 
 def last_linear(owner, name: str):
@@ -122,22 +107,22 @@ def _with_norm_recompute(wrapped, args, kwargs, norm):
 # ----------------------------------------------------------------------------- layer blocks
 
 
-def forward_attention(wrapped, instance, args, kwargs):
+def forward_attention(session, wrapped, instance, args, kwargs):
     attn, _, variance = _flags(instance.config)
     if not (attn or variance) or not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(instance.config)
+    verify(session, instance.config)
     if attn:
         defer = (last_linear(instance.self_attention, "linear_proj"),) if variance else ()
         return checkpoint_block(wrapped, args, kwargs, defer)
     return _with_norm_recompute(wrapped, args, kwargs, instance.input_layernorm)
 
 
-def forward_mlp(wrapped, instance, args, kwargs):
+def forward_mlp(session, wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not (mlp or variance) or not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(instance.config)
+    verify(session, instance.config)
     if mlp and not instance.is_moe_layer:
         defer = (last_linear(instance.mlp, "linear_fc2"),) if variance else ()
         return checkpoint_block(wrapped, args, kwargs, defer)
@@ -147,11 +132,11 @@ def forward_mlp(wrapped, instance, args, kwargs):
 # ----------------------------------------------------------------------------- MoE
 
 
-def experts_forward(wrapped, instance, args, kwargs):
+def experts_forward(session, wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not mlp or not _training_call(instance):
         return wrapped(*args, **kwargs)
-    verify(instance.config)
+    verify(session, instance.config)
     defer = ()
     if variance:
         experts = getattr(instance, "local_experts", None)
@@ -164,7 +149,7 @@ def experts_forward(wrapped, instance, args, kwargs):
     return checkpoint_block(wrapped, args, kwargs, defer)
 
 
-def shared_experts_forward(wrapped, instance, args, kwargs):
+def shared_experts_forward(session, wrapped, instance, args, kwargs):
     """``MLP.forward``, on a MoE layer's shared expert only: ``SharedExpertMLP.forward`` calls it
     and then multiplies by its optional gate, which so stays outside the checkpoint -- that
     product's backward reads the fc2 output, and with the gate's own use of the norm output
@@ -173,7 +158,7 @@ def shared_experts_forward(wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not mlp or not _is_shared_expert(instance) or not _training_call(instance):
         return wrapped(*args, **kwargs)
-    verify(instance.config)
+    verify(session, instance.config)
     defer = (last_linear(instance, "linear_fc2"),) if variance else ()
     return checkpoint_block(wrapped, args, kwargs, defer)
 
@@ -197,7 +182,7 @@ def row_parallel_forward_impl(wrapped, instance, args, kwargs):
 def reduce_passes_deferred(wrapped, instance, args, kwargs):
     """The all-reduce after a deferred linear: its backward is the identity, its forward is
     not needed (the output is a placeholder)."""
-    tensor = args[0] if args else kwargs.get("input_")
+    tensor = call_arguments(wrapped, args, kwargs)["input_"]
     if getattr(tensor, MARK, False):
         return tensor
     return wrapped(*args, **kwargs)

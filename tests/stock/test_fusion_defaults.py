@@ -60,7 +60,7 @@ def assert_close(fused, reference, rtol):
 def test_fusion_defaults_match_no_fusion_flags(lm_path, monkeypatch, model, extra, rtol):
     reference, _ = run(lm_path, monkeypatch, TP2 + extra, fused=False)
     fused, log = run(lm_path, monkeypatch, TP2 + extra, fused=True)
-    assert "applied  fused_ops.local_norm" in log, log[-3000:]
+    assert "applied  fused_ops.norm.local_norm" in log, log[-3000:]
     assert_close(fused, reference, rtol)
     if model != "gpt-fp32":  # TP2 + sequence parallelism against TP2 without it
         parallel, _ = run(lm_path, monkeypatch, TP2 + SP + extra, fused=True)

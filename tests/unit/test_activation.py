@@ -76,7 +76,7 @@ def test_mmp_patches_json_and_doctor():
     assert table["device"]["name"] == "cpu" and table["device"]["backend"] == "gloo"
     statuses = {p["id"]: p["status"] for p in table["patches"]}
     assert statuses["device.torch_cuda.current_device"] == "applied"
-    assert statuses["upstream.moe_te_general_gemm"] == "applied"  # megatron.core was imported
+    assert statuses["upstream_fixes.moe_te_general_gemm"] == "applied"  # megatron.core was imported
     assert not [p for p in table["patches"] if p["status"] == "failed"]
     doctor = subprocess.run([MMP, "doctor"], env=subprocess_env(), capture_output=True,
                             text=True, timeout=300)
@@ -146,9 +146,25 @@ def test_disable_and_only_toggles_switch_features_off():
         assert proc.returncode == 0, proc.stderr
         return set(eval(proc.stdout.strip()))
 
-    assert switched_off(MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes") == {"upstream_fixes"}
+    fixes = switched_off(MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes")
+    assert fixes and all(f.startswith("upstream_fixes.") for f in fixes)
+    assert {"upstream_fixes.checkpoint_without_output_fp8",
+            "upstream_fixes.expert_bias_out_of_place"} <= fixes
     only_none = switched_off(MEGATRON_MUSA_PATCH_ONLY="none")
-    assert {"upstream_fixes", "mla_local", "moe_device_balance"} <= only_none
-    assert not only_none & {"device", "collectives", "megatron_args", "training_setup"}
+    assert fixes | {"mla_local", "moe_device_balance", "fused_ops.rope"} <= only_none
+    assert not only_none & {"device", "collectives", "megatron_args", "cuda_free_startup"}
     only_mla = switched_off(MEGATRON_MUSA_PATCH_ONLY="mla_local")
-    assert "mla_local" not in only_mla and "upstream_fixes" in only_mla
+    assert "mla_local" not in only_mla and fixes <= only_mla
+
+
+def test_one_fusion_off_leaves_the_others_on():
+    code = ("import megatron_musa_patch as m\n"
+            "print(sorted({r.feature for r in m.report() if r.status == 'skipped'"
+            " and 'switched off' in r.reason}))")
+    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="fused_ops.rope"))
+    assert proc.returncode == 0, proc.stderr
+    assert eval(proc.stdout.strip()) == ["fused_ops.rope"]
+    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_ONLY="fused_ops"))
+    assert proc.returncode == 0, proc.stderr
+    off = set(eval(proc.stdout.strip()))
+    assert not any(f.startswith("fused_ops.") for f in off) and "recompute" in off

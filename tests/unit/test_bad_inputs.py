@@ -120,8 +120,8 @@ def test_unknown_jit_mode():
     proc = run_python("import megatron_musa_patch",
                       env=subprocess_env(MEGATRON_MUSA_PATCH_JIT="fast"))
     assert proc.returncode == 2
-    assert "MEGATRON_MUSA_PATCH_JIT='fast': use auto, compile or eager" in \
-        one_paragraph(proc.stderr)
+    assert "MEGATRON_MUSA_PATCH_JIT='fast' is not a value this layer knows: use one of auto, " \
+        "compile, eager" in one_paragraph(proc.stderr)
 
 
 # ----------------------------------------------------------------------------- commands, flags
@@ -168,10 +168,10 @@ def test_unknown_distributed_backend(capsys):
 
 
 def test_batch_invariant_mode_without_triton():
-    from megatron_musa_patch.features import training_setup
+    from megatron_musa_patch.features import cuda_free_startup
 
     stand_in = types.ModuleType("batch_invariant_kernels")
-    training_setup._batch_invariant_stand_in(stand_in)
+    cuda_free_startup._batch_invariant_stand_in(stand_in)
     assert stand_in.is_batch_invariant_mode_enabled() is False
     with pytest.raises(UnsupportedOnDeviceError,
                        match="--batch-invariant-mode needs Megatron's triton kernels"):
@@ -203,8 +203,7 @@ def build_low_level(prefix, vocab_size=1001):
     config = types.SimpleNamespace(mmap_bin_files=True, mock=False, sequences_per_dataset=None,
                                    fast_cache_load=False, token_dtype_code=None,
                                    tokenizer=types.SimpleNamespace(vocab_size=vocab_size))
-    data_checks._checked.clear()
-    return data_checks._build_low_level_dataset(original, None, (str(prefix), config), {})
+    return data_checks._build_low_level_dataset(set(), original, None, (str(prefix), config), {})
 
 
 DOCS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
@@ -305,7 +304,8 @@ def test_checkpoint_tracker_naming_a_missing_checkpoint(tmp_path):
 
 def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
     from megatron_musa_patch.errors import ArgumentError
-    from megatron_musa_patch.features.checkpoint_safety import mmp_validate_args
+    from megatron_musa_patch.features.checkpoint_safety.legacy_format_experts import \
+        mmp_validate_args
 
     args = types.SimpleNamespace(ckpt_format="torch", num_experts=4, save="/ckpt", load=None,
                                  tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
@@ -314,11 +314,11 @@ def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
                                             r"--tensor-model-parallel-size 2: .* Use "
                                             r"--ckpt-format torch_dist \(the default\), or "
                                             r"--expert-tensor-parallel-size 2"):
-        mmp_validate_args(args=args, device=None)
+        mmp_validate_args(args=args)
     for fine in (dict(ckpt_format="torch_dist"), dict(expert_tensor_parallel_size=None),
                  dict(expert_tensor_parallel_size=2), dict(num_experts=None),
                  dict(save=None)):
-        mmp_validate_args(args=types.SimpleNamespace(**{**vars(args), **fine}), device=None)
+        mmp_validate_args(args=types.SimpleNamespace(**{**vars(args), **fine}))
 
 
 def test_tracker_is_replaced_atomically(tmp_path):

@@ -14,7 +14,7 @@ CONTRACT = """
 import json, torch
 import megatron_musa_patch, torch_musa
 import torch.distributed as dist
-from megatron_musa_patch.activation import current
+from megatron_musa_patch import active_session as current
 from megatron_musa_patch.errors import UnsupportedOnDeviceError
 
 out = {"device": current().device.name}

@@ -205,9 +205,9 @@ def test_device_peak_flag_must_be_positive():
     from megatron_musa_patch.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match="--device-peak-tflops must be a positive number"):
-        throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=-1.0), device=None)
+        throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=-1.0))
     # unset: nothing to check (and the layer need not be active)
-    throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=None), device=None)
+    throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=None))
 
 
 def test_small_mfu_keeps_two_significant_digits():

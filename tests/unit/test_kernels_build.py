@@ -186,11 +186,11 @@ def test_cpu_has_no_compiled_kernels_and_says_why(fresh_kernels):
 def test_cuda_and_musa_report_a_reason_without_a_device(fresh_kernels):
     import torch
 
-    if torch.version.cuda and kernels._cuda_device_count(torch):
+    if torch.version.cuda and kernels.toolchain.cuda_device_count(torch):
         pytest.skip("this machine has a CUDA device: the loader would build the kernels")
     assert fresh_kernels.available("rms_norm_fwd", "cuda") is False
     assert re.search(r"cuda: unavailable: .+", fresh_kernels.status("cuda"))
-    if not kernels._torch_musa_importable():
+    if not kernels.toolchain.torch_musa_importable():
         assert fresh_kernels.available("permute", "musa") is False
         assert "torch_musa cannot be imported" in fresh_kernels.status("musa")
 
@@ -200,8 +200,8 @@ def test_device_names_are_normalised(fresh_kernels):
 
     assert fresh_kernels.available("rms_norm_fwd", torch.device("cpu")) is False
     assert fresh_kernels.status("cpu:0").startswith("cpu: unavailable")
-    assert kernels._device_type_name(torch.device("cuda", 1)) == "cuda"
-    assert kernels._device_type_name("musa:0") == "musa"
+    assert kernels.device_type_name(torch.device("cuda", 1)) == "cuda"
+    assert kernels.device_type_name("musa:0") == "musa"
 
 
 def test_unknown_ops_and_devices(fresh_kernels):
@@ -218,44 +218,53 @@ def test_available_never_raises(fresh_kernels, monkeypatch):
 
     monkeypatch.setattr(kernels, "_load", broken)
     assert fresh_kernels.available("rms_norm_fwd", "cuda") is False
-    monkeypatch.setattr(kernels, "_problem", broken)
+    monkeypatch.setattr(kernels.toolchain, "problem", broken)
     assert "unknown" in fresh_kernels.status("cuda")
 
 
 def test_build_failure_is_reported_not_raised(fresh_kernels, monkeypatch):
-    monkeypatch.setattr(kernels, "_problem", lambda device_type: None)
-    monkeypatch.setattr(kernels, "_prebuilt_module", lambda device_type: None)
+    monkeypatch.setattr(kernels.toolchain, "problem", lambda device_type, enabled: None)
+    monkeypatch.setattr(kernels.toolchain, "prebuilt_module", lambda device_type: None)
 
     def failing_build(device_type):
         raise RuntimeError("Error building extension\nnorm.cu(12): error: something")
 
-    monkeypatch.setattr(kernels, "_build", failing_build)
+    monkeypatch.setattr(kernels._build_module, "build", failing_build)
     assert fresh_kernels.available("rms_norm_fwd", "cuda") is False
     status = fresh_kernels.status("cuda")
     assert status.startswith("cuda: build failed") and "norm.cu(12)" in status
     # the failure is cached: no second build attempt in this process
-    monkeypatch.setattr(kernels, "_build", lambda d: pytest.fail("rebuilt after a failure"))
+    monkeypatch.setattr(kernels._build_module, "build",
+                        lambda d: pytest.fail("rebuilt after a failure"))
     assert fresh_kernels.available("swiglu_fwd", "cuda") is False
 
 
-def test_switch_off_variable(fresh_kernels, monkeypatch):
-    monkeypatch.setenv(kernels.DISABLE_ENV, "0")
-    assert fresh_kernels.available("rms_norm_fwd", "cuda") is False
-    assert "switched off" in fresh_kernels.status("cuda")
+def test_switch_off_variable(fresh_kernels):
+    from megatron_musa_patch.ops import policy
+    from megatron_musa_patch.settings import from_env
+
+    assert policy.Policy.from_settings(
+        from_env({"MEGATRON_MUSA_PATCH_KERNELS": "0"})).kernels is False
+    with policy.overridden(kernels=False):
+        assert fresh_kernels.available("rms_norm_fwd", "cuda") is False
+        assert "switched off by MEGATRON_MUSA_PATCH_KERNELS=0" in fresh_kernels.status("cuda")
 
 
 def test_build_dir_respects_torch_extensions_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    path = kernels._build_dir("cuda")
+    path = kernels._build_module.build_dir("cuda")
     assert path.parent == tmp_path / "mmp"
     assert re.fullmatch(r"mmp_kernels_cuda_[0-9a-f]{10}", path.name)
 
 
 def test_import_is_light():
-    """Importing the module must not import torch (the loader is imported by the op modules,
-    and `mmp doctor` only asks for a status line)."""
-    code = ("import sys, importlib.util\n"
-            f"spec = importlib.util.spec_from_file_location('k', {str(REPO / 'megatron_musa_patch/ops/kernels.py')!r})\n"
+    """Importing the loader must not import torch (it is imported by the op modules, and `mmp
+    doctor` only asks for a status line); nor must the sources module setup.py loads by path."""
+    code = ("import os, sys\n"
+            "os.environ['MEGATRON_MUSA_PATCH_AUTOACTIVATE'] = '0'\n"
+            "import megatron_musa_patch.ops.kernels\n"
+            "import importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('k', {str(REPO / 'megatron_musa_patch/ops/kernels/sources.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -106,12 +106,9 @@ def _args(**over):
 
 
 @pytest.fixture
-def feature(monkeypatch):
-    from megatron_musa_patch import activation
+def feature():
     from megatron_musa_patch.features import moe_device_balance
 
-    registry = types.SimpleNamespace(feature_problems=lambda name: [])
-    monkeypatch.setattr(activation, "_CURRENT", types.SimpleNamespace(registry=registry))
     return moe_device_balance
 
 
@@ -131,17 +128,21 @@ def test_bad_combinations_name_the_flags(feature, over, message):
     from megatron_musa_patch.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match=message.replace("-", r"\-")):
-        feature.mmp_validate_args(args=_args(**over), device=None)
+        feature.mmp_validate_args(args=_args(**over))
 
 
 def test_good_combination_passes_and_reaches_the_config(feature):
     args = _args(moe_device_level_aux_loss_coeff=0.05, moe_comm_aux_loss_coeff=0.02,
                  moe_device_level_capacity=True, moe_expert_capacity_factor=1.0,
                  moe_router_num_groups=2)
-    feature.mmp_validate_args(args=args, device=None)
+    feature.mmp_validate_args(args=args)
+    from .sessions import make_session
+
+    session = make_session(feature)
     config = types.SimpleNamespace()
-    feature.mmp_transformer_config(args=args, config=config)
+    feature.mmp_transformer_config(args=args, config=config, session=session)
     assert (config.moe_device_level_aux_loss_coeff, config.moe_comm_aux_loss_coeff,
             config.moe_device_level_capacity) == (0.05, 0.02, True)
-    assert feature._tracked == [feature.DEVICE_LOSS, feature.COMM_LOSS]
-    feature.track([])
+    # per run: the session holds the names the MoE log must reduce, nothing outlives it
+    assert feature._tracked(session) == [feature.DEVICE_LOSS, feature.COMM_LOSS]
+    assert feature._tracked(make_session(feature)) == []

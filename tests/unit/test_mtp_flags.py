@@ -25,7 +25,7 @@ def _args(**over):
 ])
 def test_aliases_map_to_upstream(over, layers, scale):
     args = _args(**over)
-    mtp_flags.mmp_validate_args(args=args, device=None)
+    mtp_flags.mmp_validate_args(args=args)
     assert (args.mtp_num_layers, args.mtp_loss_scaling_factor) == (layers, scale)
 
 
@@ -38,4 +38,4 @@ def test_aliases_map_to_upstream(over, layers, scale):
 ])
 def test_conflicts_name_both_spellings(over, message):
     with pytest.raises(ArgumentError, match=message):
-        mtp_flags.mmp_validate_args(args=_args(**over), device=None)
+        mtp_flags.mmp_validate_args(args=_args(**over))

@@ -116,7 +116,7 @@ for name, kw in cases.items():
                      c.use_precision_aware_optimizer_no_fp8_or_ds_fp8]
     except ArgumentError as e:
         out[name] = ["refused", str(e)]
-from megatron_musa_patch.activation import current
+from megatron_musa_patch import active_session as current
 out["patches"] = {r.id: r.status for r in current().registry.results()
                   if r.feature == "cpu_offload"}
 print("RESULT" + json.dumps(out))

@@ -27,7 +27,7 @@ hdo = HybridDeviceOptimizer([{"params": params}], offload_fraction=1.0,
                             gpu_optimizer_cls=torch.optim.AdamW, param_update_in_fp32=True,
                             overlap_cpu_optimizer_d2h_h2d=True, lr=0.1)
 print("RESULT" + json.dumps({
-    "row": hybrid._row().name, "pin_asked": asked,
+    "row": megatron_musa_patch.active_session().device.name, "pin_asked": asked,
     "stream": type(hdo._d2h_stream) is torch_musa.Stream,
     "streams_created": torch_musa.CALLS.count("Stream"),
     "placement": placement(hdo)}))

@@ -107,12 +107,11 @@ def test_hybrid_pins_host_copies_where_the_row_has_pinned_memory(monkeypatch, ro
     from megatron_musa_patch.offload import hybrid
 
     row = types.SimpleNamespace(name="fake", torch_type="cpu", pinned_memory=row_pins)
-    monkeypatch.setattr(hybrid, "_row", lambda: row)
     asked = []
     real_maker = partition.host_tensor_maker
     monkeypatch.setattr(partition, "host_tensor_maker",
                         lambda pin: asked.append(pin) or real_maker(False))
     fake = types.SimpleNamespace(param_groups=groups([4, 4]), pin_cpu_params=flag,
                                  param_update_in_fp32=True)
-    host_groups, device_groups, *_ = hybrid.split_param_groups(fake, 1.0)
+    host_groups, device_groups, *_ = hybrid.split_param_groups_for(row)(fake, 1.0)
     assert asked == [expected] and len(host_groups[0]["params"]) == 2 and device_groups == []

@@ -17,8 +17,7 @@ CHOOSERS = {  # op name in CPU_MIN_NUMEL -> (impl chooser, small choice, large c
 
 
 @pytest.mark.parametrize("op", sorted(CHOOSERS))
-def test_choice_switches_at_the_cutoff(op, monkeypatch):
-    monkeypatch.delenv(dispatch.FORCE_ENV, raising=False)
+def test_choice_switches_at_the_cutoff(op):
     choose, small, large = CHOOSERS[op]
     limit = dispatch.CPU_MIN_NUMEL[op]
     assert choose("cpu", limit - 1) == small
@@ -29,9 +28,11 @@ def test_choice_switches_at_the_cutoff(op, monkeypatch):
 
 
 @pytest.mark.parametrize("op", sorted(CHOOSERS))
-def test_forced_implementation_ignores_the_cutoff(op, monkeypatch):
-    monkeypatch.setenv(dispatch.FORCE_ENV, "compile")
-    assert CHOOSERS[op][0]("cpu", 1) == "compile"
+def test_forced_implementation_ignores_the_cutoff(op):
+    from megatron_musa_patch.ops import policy
+
+    with policy.overridden(forced="compile"):
+        assert CHOOSERS[op][0]("cpu", 1) == "compile"
 
 
 def _grads(fn, inputs):
@@ -41,8 +42,7 @@ def _grads(fn, inputs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_inputs_match_the_references(dtype, monkeypatch):
-    monkeypatch.delenv(dispatch.FORCE_ENV, raising=False)
+def test_small_inputs_match_the_references(dtype):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.manual_seed(0)
     x = torch.randn(8, 3, 40, dtype=dtype, requires_grad=True)
@@ -80,24 +80,24 @@ def test_small_inputs_match_the_references(dtype, monkeypatch):
                                    torch.autograd.grad(ref, s, up)[0], **tol)
 
 
-def test_small_rms_norm_is_torchs_own_and_not_a_view(monkeypatch):
-    monkeypatch.delenv(dispatch.FORCE_ENV, raising=False)
+def test_small_rms_norm_is_torchs_own_and_not_a_view():
     x, w = torch.randn(4, 64), torch.rand(64)
     out = norm.rms_norm(x, w, 1e-6)
     assert torch.equal(out, torch.nn.functional.rms_norm(x, (64,), w, 1e-6))
     assert out._base is None
 
 
-def test_the_bias_swiglu_fusion_point_applies_the_cutoff(monkeypatch):
+def test_the_bias_swiglu_fusion_point_applies_the_cutoff():
     """megatron-core's bias_swiglu_impl (patched by fused_ops) is the path training takes."""
-    from megatron_musa_patch.features.fused_ops import _bias_swiglu
+    from megatron_musa_patch.features.fused_ops.swiglu import bias_swiglu as _bias_swiglu
 
-    monkeypatch.delenv(dispatch.FORCE_ENV, raising=False)
-
-    def upstream(*args, **kwargs):
+    def upstream():
         raise AssertionError("the CPU never calls upstream's function here")
 
+    def bias_swiglu_impl(input, bias, fp8_input_store=False, cpu_offload_input=False):
+        return upstream()
+
     small = torch.randn(4, 3, 32, requires_grad=True)
-    out = _bias_swiglu(upstream, None, (small, None), {})
+    out = _bias_swiglu(bias_swiglu_impl, None, (small, None), {})
     assert type(out.grad_fn).__name__ == "MulBackward0"  # unfused: the formula under autograd
     torch.testing.assert_close(out, swiglu.swiglu_reference(small))

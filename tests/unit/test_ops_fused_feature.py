@@ -1,11 +1,12 @@
-"""features/fused_ops: which --no-* flags a run needs when the feature is off, and the records it
-registers (the end-to-end checks are tests/core/test_fused_ops.py and
-tests/stock/test_fusion_defaults.py)."""
+"""features/fused_ops: which flags each fusion's plugin answers for when it is off (its
+FLAG_NEEDS), and the records the fusions register (the end-to-end checks are
+tests/core/test_fused_ops.py and tests/stock/test_fusion_defaults.py)."""
 
 from types import SimpleNamespace
 
 from megatron_musa_patch.features import fused_ops
-from megatron_musa_patch.registry import Registry
+
+from .sessions import make_session
 
 DEFAULTS = dict(transformer_impl="local", gradient_accumulation_fusion=True,
                 no_persist_layer_norm=False, sequence_parallel=False, masked_softmax_fusion=True,
@@ -13,16 +14,26 @@ DEFAULTS = dict(transformer_impl="local", gradient_accumulation_fusion=True,
 
 
 def flags(**overrides):
-    return [flag for _, flag in fused_ops._fusions_without_kernels(
-        SimpleNamespace(**{**DEFAULTS, **overrides}))]
+    """What the fusions' FLAG_NEEDS tell a run to do with every fusion off: the fix per flag."""
+    args = SimpleNamespace(**{**DEFAULTS, **overrides})
+    return [need.instead or f"remove {need.flag}" for plugin in fused_ops.PLUGINS
+            for need in getattr(plugin, "FLAG_NEEDS", ()) if need.applies(args, "cpu")]
 
 
 def test_upstream_defaults_on_this_machine_need_these_flags():
-    assert flags() == ["--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
-                       "--no-rope-fusion"]
-    assert "--no-masked-softmax-fusion" in flags(bf16=True)  # fused only for fp16/bf16 scores
-    assert "--no-rope-fusion" not in flags(position_embedding_type="learned_absolute")
-    assert "" in flags(sequence_parallel=True)  # no flag: the message says remove it
+    assert flags() == ["add --no-gradient-accumulation-fusion", "add --no-persist-layer-norm",
+                       "add --no-rope-fusion"]
+    assert "add --no-masked-softmax-fusion" in flags(bf16=True)  # fused only for 16-bit scores
+    assert "add --no-rope-fusion" not in flags(position_embedding_type="learned_absolute")
+    assert "remove --sequence-parallel" in flags(sequence_parallel=True)
+
+
+def test_each_fusion_is_its_own_switch():
+    names = {p.FEATURE for p in fused_ops.PLUGINS}
+    assert names == {"fused_ops.wgrad_accumulation", "fused_ops.norm", "fused_ops.softmax",
+                     "fused_ops.rope", "fused_ops.swiglu"}
+    session = make_session(*fused_ops.PLUGINS, disable=("fused_ops.rope",))
+    assert [n for n in sorted(names) if session.why_unavailable(n)] == ["fused_ops.rope"]
 
 
 def test_the_all_no_flags_run_needs_nothing():
@@ -31,13 +42,18 @@ def test_the_all_no_flags_run_needs_nothing():
 
 
 def test_records_target_each_fusion_point():
-    registry = Registry("cpu")
-    fused_ops.mmp_register_patches(registry=registry, device=None)
-    targets = {p.target for p in registry.patches()}
-    assert {"fused_weight_gradient_mlp_cuda:*", "scaled_masked_softmax_cuda:*",
-            "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
-            "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl"} <= targets
-    assert all(p.feature == "fused_ops" and not p.strict for p in registry.patches())
+    session = make_session(*fused_ops.PLUGINS)
+    registry = session.registry
+    session.plugins.hook.mmp_register_patches(session=session, registry=registry,
+                                              device=session.device)
+    targets = {p.target: p.feature for p in registry.patches()}
+    assert targets["fused_weight_gradient_mlp_cuda:*"] == "fused_ops.wgrad_accumulation"
+    assert targets["scaled_masked_softmax_cuda:*"] == "fused_ops.softmax"
+    assert targets["megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__"] == \
+        "fused_ops.norm"
+    assert targets["megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl"] == \
+        "fused_ops.swiglu"
+    assert all(p.feature.startswith("fused_ops.") and not p.strict for p in registry.patches())
 
 
 def test_compiled_formulas_trace_whole_with_the_layer_active():

@@ -83,13 +83,17 @@ def test_no_rows_at_all():
     assert torch.count_nonzero(b.grad) == 0
 
 
-def test_choice_override(monkeypatch):
+def test_choice_override():
+    from megatron_musa_patch.errors import SettingsError
+    from megatron_musa_patch.ops import policy
+    from megatron_musa_patch.settings import from_env
+
     assert gg.choice("cpu") == gg.PREFERRED["cpu"]
-    monkeypatch.setenv(gg.ENV, "loop")
-    assert gg.choice("cpu") == "loop"
-    monkeypatch.setenv(gg.ENV, "cutlass")
-    with pytest.raises(ValueError, match=gg.ENV):
-        gg.choice("cpu")
+    with policy.overridden(**vars(policy.Policy.from_settings(
+            from_env({"MEGATRON_MUSA_PATCH_GMM": "loop"})))):
+        assert gg.choice("cpu") == "loop"
+    with pytest.raises(SettingsError, match="MEGATRON_MUSA_PATCH_GMM='cutlass' is not a value"):
+        from_env({"MEGATRON_MUSA_PATCH_GMM": "cutlass"})
 
 
 def test_size_mismatch_is_an_error():

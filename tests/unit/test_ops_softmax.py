@@ -51,23 +51,25 @@ def test_softmax(device, dtype, shape, kind, impl):
         assert torch.all(out.float().triu(1) == 0)
 
 
-def test_stand_in_module_convention(monkeypatch):
-    monkeypatch.setenv("MEGATRON_MUSA_PATCH_OPS", "eager")  # the convention, not the compiler
-    from megatron_musa_patch.features.fused_ops import _softmax_filler
+def test_stand_in_module_convention():
     from types import ModuleType
 
-    causal, masked = ModuleType("c"), ModuleType("m")
-    _softmax_filler("scaled_upper_triang_masked_softmax_cuda")(causal)
-    _softmax_filler("scaled_masked_softmax_cuda")(masked)
-    x = torch.randn(6, 9, 9, dtype=torch.bfloat16)
-    scale_t = torch.tensor([0.5])
-    y = causal.forward(x, scale_t[0])
-    torch.testing.assert_close(y, softmax.softmax_reference(x, None, 0.5, causal=True))
-    dy = torch.randn_like(y)
-    dx = causal.backward(dy, y, scale_t[0])
-    want = 0.5 * y.float() * (dy.float() - (dy.float() * y.float()).sum(-1, keepdim=True))
-    torch.testing.assert_close(dx, want.bfloat16())
-    mask = torch.zeros(1, 1, 9, 9, dtype=torch.bool)
-    mask[..., 4:] = True
-    y = masked.forward(x.view(2, 3, 9, 9), mask, scale_t[0])
-    assert torch.all(y[..., 4:] == 0) and masked.get_batch_per_block(9, 9, 2, 3) == 1
+    from megatron_musa_patch.features.fused_ops.softmax import filler as _softmax_filler
+    from megatron_musa_patch.ops import policy
+
+    with policy.overridden(forced="eager"):  # the convention, not the compiler
+        causal, masked = ModuleType("c"), ModuleType("m")
+        _softmax_filler("scaled_upper_triang_masked_softmax_cuda")(causal)
+        _softmax_filler("scaled_masked_softmax_cuda")(masked)
+        x = torch.randn(6, 9, 9, dtype=torch.bfloat16)
+        scale_t = torch.tensor([0.5])
+        y = causal.forward(x, scale_t[0])
+        torch.testing.assert_close(y, softmax.softmax_reference(x, None, 0.5, causal=True))
+        dy = torch.randn_like(y)
+        dx = causal.backward(dy, y, scale_t[0])
+        want = 0.5 * y.float() * (dy.float() - (dy.float() * y.float()).sum(-1, keepdim=True))
+        torch.testing.assert_close(dx, want.bfloat16())
+        mask = torch.zeros(1, 1, 9, 9, dtype=torch.bool)
+        mask[..., 4:] = True
+        y = masked.forward(x.view(2, 3, 9, 9), mask, scale_t[0])
+        assert torch.all(y[..., 4:] == 0) and masked.get_batch_per_block(9, 9, 2, 3) == 1

@@ -97,8 +97,8 @@ def test_validation_raises_one_paragraph_and_config_carries_the_flags():
     with pytest.raises(ArgumentError, match="--mlp-recompute already recomputes"):
         feature.mmp_validate_args(args=settings(mlp_recompute=True,
                                                 recompute_granularity="selective",
-                                                recompute_modules=["mlp"]), device=None)
-    feature.mmp_validate_args(args=settings(), device=None)  # no flag: nothing to check
+                                                recompute_modules=["mlp"]))
+    feature.mmp_validate_args(args=settings())  # no flag: nothing to check
     config = SimpleNamespace()
     feature.mmp_transformer_config(args=settings(**ALL), config=config)
     assert (config.attn_recompute, config.mlp_recompute, config.recompute_variance) == \
@@ -108,24 +108,29 @@ def test_validation_raises_one_paragraph_and_config_carries_the_flags():
 def test_a_config_set_in_code_is_checked_when_a_layer_runs():
     from megatron_musa_patch.recompute import wrappers
 
+    from .sessions import make_session
+
+    session = make_session(feature)
     bad = settings(attn_recompute=True, recompute_granularity="full",
                    transformer_impl="transformer_engine")
     with pytest.raises(ArgumentError, match="--recompute-granularity full"):
-        wrappers.verify(bad)
+        wrappers.verify(session, bad)
     good = settings(**ALL, transformer_impl="transformer_engine")
-    wrappers.verify(good)  # the layer checks its modules itself when variance needs them
+    wrappers.verify(session, good)  # the layer checks its modules itself when variance needs them
     assert good._mmp_recompute_verified
     good.recompute_granularity = "full"  # changed after the first check: checked again
     with pytest.raises(ArgumentError):
-        wrappers.verify(good)
+        wrappers.verify(session, good)
 
 
-def test_flags_of_a_switched_off_feature_fail_instead_of_doing_nothing():
+def test_flags_of_a_broken_feature_fail_instead_of_doing_nothing():
     from megatron_musa_patch.errors import FeatureUnavailableError
     from megatron_musa_patch.recompute import wrappers
-    from megatron_musa_patch.registry import Registry
 
-    with pytest.raises(FeatureUnavailableError, match="MEGATRON_MUSA_PATCH_DISABLE/ONLY"):
-        wrappers.unavailable(Registry("cpu", disabled_features={"recompute"}),
-                             ["attn_recompute"])
-    wrappers.unavailable(Registry("cpu"), ["attn_recompute", "recompute_variance"])
+    from .sessions import make_session
+
+    broken = make_session(feature, problems={"recompute": ["target gone"]})
+    with pytest.raises(FeatureUnavailableError, match="--attn-recompute needs the feature "
+                                                      "'recompute', which did not apply: target"):
+        wrappers.verify(broken, settings(attn_recompute=True))
+    wrappers.verify(make_session(feature), settings(attn_recompute=True, recompute_variance=True))

@@ -107,7 +107,9 @@ def test_activation_is_idempotent(fake_module):
 def test_device_condition_and_disabled_feature_skip_with_reasons(fake_module):
     name, _ = fake_module
     mod = importlib.import_module(name)
-    reg = Registry("cpu", disabled_features={"off"})
+    from megatron_musa_patch.toggles import decide
+
+    reg = Registry("cpu", decide({"off": False, "test": False}, ["off"], None))
     reg.add(Patch("t.musa_only", f"{name}:VALUE", "attribute", 2, "test",
                   devices=frozenset({"musa"})))
     reg.add(Patch("t.cond", f"{name}:greet", "replace", len, "test",
@@ -118,7 +120,8 @@ def test_device_condition_and_disabled_feature_skip_with_reasons(fake_module):
     reasons = {r.id: (r.status, r.reason) for r in reg.results()}
     assert reasons["t.musa_only"] == ("skipped", "not needed on cpu (applies on musa)")
     assert reasons["t.cond"] == ("skipped", "not wanted here")
-    assert reasons["t.disabled"][0] == "skipped" and "'off' switched off" in reasons["t.disabled"][1]
+    assert reasons["t.disabled"] == (
+        "skipped", "feature 'off' switched off by MEGATRON_MUSA_PATCH_DISABLE=off")
 
 
 def _megatron_fake(monkeypatch):

@@ -15,14 +15,13 @@ need no patch of their own: the device swap makes ``torch.cuda`` answer for the 
 
 from __future__ import annotations
 
-import importlib.util
-
+from ..conditions import importable, missing
 from ..errors import UnsupportedOnDeviceError
 from ..hookspecs import hookimpl
 from ..registry import Patch
 from .device_swap import jit_mode
 
-FEATURE = "training_setup"
+FEATURE = "cuda_free_startup"
 REQUIRED = True
 DESCRIPTION = "Megatron-LM start-up without make, nvcc or triton where they are not needed"
 
@@ -30,29 +29,30 @@ BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kerne
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry, device):
+    eager = jit_mode(device, session.settings.jit) == "eager"
     registry.add(Patch(
-        "training_setup.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
+        f"{FEATURE}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
         _compile_helpers_if_missing, FEATURE,
         why="skip `make` when the compiled dataset helpers already import"))
     registry.add(Patch(
-        "training_setup.fused_kernels_load", "megatron.legacy.fused_kernels:load", "replace",
+        f"{FEATURE}.fused_kernels_load", "megatron.legacy.fused_kernels:load", "replace",
         _no_fused_kernels, FEATURE, devices=frozenset({"musa", "cpu"}),
         why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA"))
-    if jit_mode(device) == "eager":
-        registry.add(Patch(
-            "training_setup.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
-            "replace", _no_jit_warmup, FEATURE,
-            why="@jit_fuser is eager here: the warm-up would compile nothing"))
     registry.add(Patch(
-        "training_setup.batch_invariant_stand_in", f"{BATCH_INVARIANT}:*", "module",
-        _batch_invariant_stand_in, FEATURE, condition=_triton_missing,
+        f"{FEATURE}.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
+        "replace", _no_jit_warmup, FEATURE,
+        condition=lambda: eager or "@jit_fuser compiles here: the warm-up compiles its kernels",
+        why="@jit_fuser is eager here: the warm-up would compile nothing"))
+    registry.add(Patch(
+        f"{FEATURE}.batch_invariant_stand_in", f"{BATCH_INVARIANT}:*", "module",
+        _batch_invariant_stand_in, FEATURE, condition=lambda: missing("triton"),
         why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
             "initialize.py failing to import"))
 
 
 def _compile_helpers_if_missing(wrapped, instance, args, kwargs):
-    if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
+    if importable("megatron.core.datasets.helpers_cpp"):
         return None
     return wrapped(*args, **kwargs)
 
@@ -61,12 +61,8 @@ def _no_fused_kernels(args=None):
     return None
 
 
-def _no_jit_warmup():
+def _no_jit_warmup(*args, **kwargs):  # upstream's parameters vary by release
     return None
-
-
-def _triton_missing():
-    return True if importlib.util.find_spec("triton") is None else "triton is installed"
 
 
 def _batch_invariant_stand_in(module):

@@ -1,6 +1,7 @@
 """What ``mmp run`` starts in every rank: activate, then run the user's script as ``__main__``.
 
-``python -m megatron_musa_patch.worker --script PATH ARGS...`` or ``--module NAME ARGS...``.
+``python -m megatron_musa_patch.run_worker --script PATH ARGS...`` or ``--module NAME ARGS...``.
+(``mmp selftest`` starts ``selftest_worker`` instead.)
 """
 
 import os
@@ -8,7 +9,7 @@ import runpy
 import sys
 
 import megatron_musa_patch  # noqa: F401 - importing activates (a user error exits cleanly)
-from megatron_musa_patch.activation import order_sys_path
+from megatron_musa_patch.activation import active_session, order_sys_path
 
 
 def main(argv):
@@ -28,7 +29,8 @@ def main(argv):
     script_dir = os.path.dirname(path)
     if script_dir not in sys.path:
         sys.path.append(script_dir)
-    order_sys_path()
+    session = active_session()
+    session.lm_path = order_sys_path(session.lm_path)
     runpy.run_path(path, run_name="__main__")
 
 

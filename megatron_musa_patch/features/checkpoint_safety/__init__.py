@@ -1,0 +1,22 @@
+"""Checkpoints that a crash cannot make unusable, and resume that is exact
+(Megatron-LM's ``megatron.training.checkpointing``). One plugin per concern, each with its own
+switch (``checkpoint_safety`` means all of them):
+
+* ``checkpoint_safety.atomic_tracker`` -- the tracker is replaced atomically;
+* ``checkpoint_safety.tracker_check`` -- a tracker that cannot be resumed from is an error;
+* ``checkpoint_safety.no_rewrite_of_loaded`` -- no in-place rewrite of the loaded checkpoint;
+* ``checkpoint_safety.legacy_format_experts`` -- ``--ckpt-format torch`` refused where it would
+  leave shards unsaved;
+* ``checkpoint_safety.exact_resume_rng`` -- the data iterators do not shift the CPU row's dropout
+  stream.
+"""
+
+from . import (atomic_tracker, exact_resume_rng, legacy_format_experts, no_rewrite_of_loaded,
+               tracker_check)
+from .atomic_tracker import AtomicTextFile  # noqa: F401 - used by tests and tools
+from .common import CheckpointError  # noqa: F401
+from .no_rewrite_of_loaded import loaded_latest_unchanged  # noqa: F401
+from .tracker_check import check_tracker, checkpoint_dirs  # noqa: F401
+
+PLUGINS = (atomic_tracker, tracker_check, no_rewrite_of_loaded, legacy_format_experts,
+           exact_resume_rng)

@@ -1,0 +1,21 @@
+"""Shared names of the checkpoint-safety plugins."""
+
+from __future__ import annotations
+
+import sys
+
+from ...errors import MegatronMusaPatchError
+
+CHECKPOINTING = "megatron.training.checkpointing"
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+class CheckpointError(MegatronMusaPatchError):
+    """A checkpoint directory that cannot be resumed from as it is."""
+
+
+def msc_enabled() -> bool:
+    """Megatron's multi-storage client is on: paths are object-store URLs, not files here."""
+    module = sys.modules.get("megatron.core.msc_utils")
+    feature = getattr(module, "MultiStorageClientFeature", None)
+    return bool(feature is not None and feature.is_enabled())

@@ -1,0 +1,38 @@
+"""``--gradient-accumulation-fusion`` (default on): a stand-in for Apex's
+``fused_weight_gradient_mlp_cuda`` (``ops.grad_accum``: the weight gradient GEMM accumulates into
+``main_grad``). Upstream raises in ``ColumnParallelLinear`` without Apex."""
+
+from __future__ import annotations
+
+from ...conditions import importable, missing, te_installed
+from ...flag_needs import FlagNeed
+from ...hookspecs import hookimpl
+from ...registry import Patch
+from .spec import local_spec
+
+FEATURE = "fused_ops.wgrad_accumulation"
+REQUIRED = False
+DESCRIPTION = "--gradient-accumulation-fusion without Apex (ops.grad_accum)"
+MODULE = "fused_weight_gradient_mlp_cuda"
+
+FLAG_NEEDS = (FlagNeed(
+    "--gradient-accumulation-fusion",
+    when=lambda args: getattr(args, "gradient_accumulation_fusion", False)
+    and not importable(MODULE) and not (te_installed() and not local_spec(args)),
+    because=f"on by default; upstream needs Apex's {MODULE} for it",
+    instead="add --no-gradient-accumulation-fusion"),)
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    registry.add(Patch(
+        FEATURE, f"{MODULE}:*", "module", _fill, FEATURE, condition=lambda: missing(MODULE),
+        why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad"))
+
+
+def _fill(module):
+    from ...ops import grad_accum
+
+    module.__doc__ = "megatron_musa_patch stand-in for Apex's gradient-accumulation fusion"
+    module.wgrad_gemm_accum_fp32 = grad_accum.wgrad_gemm_accum_fp32
+    module.wgrad_gemm_accum_fp16 = grad_accum.wgrad_gemm_accum_fp16

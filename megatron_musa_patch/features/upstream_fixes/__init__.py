@@ -1,0 +1,29 @@
+"""Fixes for upstream bugs on paths NVIDIA's own setups rarely take (every device, CUDA
+included). Each fix is its own plugin, named ``upstream_fixes.<fix>``, with its own switch
+(``MEGATRON_MUSA_PATCH_DISABLE=upstream_fixes.<fix>``; ``upstream_fixes`` means all of them)
+and its own record in ``mmp doctor``:
+
+* ``checkpoint_without_output_fp8`` -- ``CheckpointWithoutOutput`` takes its fp8 branch without TE;
+* ``moe_te_general_gemm`` -- ``moe_utils`` tests a name it defines only with TE;
+* ``te_version`` -- ``is_te_min_version`` compares ``None`` with a version without TE;
+* ``distopt_step_counters`` -- the distributed optimizer's per-parameter ``step`` without
+  Apex/TE, around checkpoint loads;
+* ``distopt_load_no_grad`` -- loading fp32 distributed-optimizer state into views of
+  grad-requiring parameters;
+* ``expert_bias_out_of_place`` -- MoE experts with biases add their bias in place to an autograd
+  view;
+* ``experts_reduced_over_expert_dp`` -- experts split unlike the dense layers without expert
+  parallelism diverge across tensor-parallel ranks;
+* ``log_loss_reset`` -- a job's first log line on the log interval does not reset the loss
+  accumulator, so the next line averages two intervals.
+
+Each module's docstring says what upstream does and what the fix changes.
+"""
+
+from . import (checkpoint_without_output_fp8, distopt_load_no_grad, distopt_step_counters,
+               expert_bias_out_of_place, experts_reduced_over_expert_dp, log_loss_reset,
+               moe_te_general_gemm, te_version)
+
+PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
+           distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
+           log_loss_reset)

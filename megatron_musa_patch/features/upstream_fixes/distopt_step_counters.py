@@ -1,0 +1,87 @@
+"""The distributed optimizer's per-parameter ``step`` without Apex/TE, around checkpoint loads.
+
+``DistributedOptimizer.state_dict`` without Apex/TE reads ``step`` from the torch optimizer's
+per-parameter state, which torch creates at the first step: loading a checkpoint (which builds
+the state-dict template first) fails with a bare AssertionError. Its ``load_state_dict`` then
+gives every parameter *one shared* ``step`` tensor (torch's Adam increments it once per parameter
+per step), and the parameter-state copy overwrites its value: after loading, each parameter gets
+its own ``step`` holding the checkpoint's value. The legacy format (``--ckpt-format torch``) saves
+the parameter state without that ``step`` and its loader copies every key of the live state
+(KeyError): the loaded ``step`` is kept.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ...binding import call_arguments
+from ...hookspecs import hookimpl
+from ...registry import Patch
+
+FEATURE = "upstream_fixes.distopt_step_counters"
+REQUIRED = False
+DESCRIPTION = "per-parameter optimizer steps survive checkpoint loads without Apex/TE"
+DISTOPT = "megatron.core.optimizer.distrib_optimizer"
+_NO_STEP_YET = "_mmp_no_step_yet"
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    def add(pid, method, impl, why):
+        registry.add(Patch(f"{FEATURE}.{pid}", f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
+                           impl, FEATURE, condition=_without_apex_or_te, why=why))
+
+    add("state_dict_before_first_step", "state_dict", _state_dict_before_first_step,
+        "checkpoint loading asks for the state dict before any step: step 0")
+    add("load_state_dict", "load_state_dict", _load_state_dict_with_own_steps,
+        "one step tensor per parameter, holding the checkpoint's step")
+    add("legacy_param_state", "_set_main_param_and_optimizer_states", _keep_loaded_step,
+        "--ckpt-format torch parameter state has no per-parameter step: keep the loaded one")
+
+
+def _without_apex_or_te():
+    module = sys.modules.get(DISTOPT)
+    if module is not None and getattr(module, "HAVE_APEX_OR_TE", True):
+        return "Apex or TE is installed"
+    return True
+
+
+def _state_dict_before_first_step(wrapped, instance, args, kwargs):
+    """Before the first step the torch optimizer has no state: record step 0 through a
+    placeholder entry (non-tensor keys pass through torch's state_dict unchanged)."""
+    inner = instance.optimizer
+    if inner.state:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    inner.state[_NO_STEP_YET] = {"step": torch.tensor(0.0)}
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        inner.state.pop(_NO_STEP_YET, None)
+
+
+def _load_state_dict_with_own_steps(wrapped, instance, args, kwargs):
+    state_dict = call_arguments(wrapped, args, kwargs).get("state_dict")
+    result = wrapped(*args, **kwargs)
+    groups = state_dict.get("optimizer", {}).get("param_groups", []) if state_dict else []
+    steps = {g["step"] for g in groups if g.get("step") is not None}
+    if len(steps) == 1:
+        import torch
+
+        step = float(steps.pop())
+        for param_state in instance.optimizer.state.values():
+            if "step" in param_state:
+                param_state["step"] = torch.tensor(step, dtype=torch.float32)
+    return result
+
+
+def _keep_loaded_step(wrapped, instance, args, kwargs):
+    call = call_arguments(wrapped, args, kwargs)
+    if not instance.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+        group_index, group_order = instance.model_param_group_index_map[call["model_param"]]
+        main_param = instance.optimizer.param_groups[group_index]["params"][group_order]
+        state = instance.optimizer.state[main_param]
+        if "step" in state and "step" not in call["tensors"]:
+            call["tensors"] = {**call["tensors"], "step": state["step"]}
+    return wrapped(**call)

@@ -1,0 +1,36 @@
+"""MoE with experts that are not split like the dense layers but without expert parallelism
+(``--expert-model-parallel-size 1`` and ``--expert-tensor-parallel-size`` other than
+``--tensor-model-parallel-size``, e.g. TP2 with ETP1): each tensor-parallel rank runs every
+expert on its own tokens, but upstream marks expert parameters for the expert-data-parallel
+reduction only when EP > 1, so their gradients are reduced over the dense data-parallel group,
+which leaves out the other tensor-parallel ranks: the experts silently diverge across them.
+Those parameters are marked as expert-parallel (``allreduce = False``), so the gradient buffers,
+the optimizer and the norm treat them as upstream does with EP > 1."""
+
+from __future__ import annotations
+
+from ...hookspecs import hookimpl
+from ...registry import Patch
+
+FEATURE = "upstream_fixes.experts_reduced_over_expert_dp"
+REQUIRED = False
+DESCRIPTION = "EP1 with ETP != TP: expert gradients reduced over the expert-data-parallel group"
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    registry.add(Patch(
+        FEATURE, "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
+        _mark_experts, FEATURE,
+        why="EP1 with ETP != TP: expert gradients are reduced over the expert-data-parallel "
+            "group (upstream leaves out the tensor-parallel ranks)"))
+
+
+def _mark_experts(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    config = instance.config
+    tp = config.tensor_model_parallel_size
+    etp = config.expert_tensor_parallel_size or tp
+    if config.expert_model_parallel_size == 1 and etp != tp and instance.experts is not None:
+        for param in instance.experts.parameters():
+            param.allreduce = False

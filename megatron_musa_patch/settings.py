@@ -1,0 +1,173 @@
+"""The layer's settings: every ``MEGATRON_MUSA_PATCH_*`` variable, read and checked once.
+
+:func:`from_env` builds one :class:`Settings` at activation; the session hands it to whatever
+needs a value (device selection, toggles, the registry, the ops policy). A value the layer does
+not know (a misspelt ``MEGATRON_MUSA_PATCH_OPS=eagr``, a variable ``MEGATRON_MUSA_PATCH_DISABEL``)
+is an error naming the variable, what was given and what is accepted -- never silently the
+default.
+
+``ENV_NAMES`` lists every variable of the layer, for test harnesses that must start subprocesses
+without a developer's settings leaking in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Tuple
+
+from .errors import SettingsError
+
+PREFIX = "MEGATRON_MUSA_PATCH"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    name: str
+    choices: Tuple[str, ...]  # empty: free text (lists, module names, paths)
+    default: str
+    help: str
+
+
+VARIABLES = (
+    Variable(PREFIX, _TRUE + _FALSE, "0",
+             "activate in every Python process of the environment (the .pth start-up hook)"),
+    Variable(f"{PREFIX}_AUTOACTIVATE", _TRUE + _FALSE, "1",
+             "0: `import megatron_musa_patch` does not activate (mmp's own commands, tests)"),
+    Variable(f"{PREFIX}_DEVICE", ("auto", "musa", "cpu", "cuda"), "auto",
+             "the device row (auto: musa when torch_musa imports, else cuda when a CUDA GPU is "
+             "visible, else cpu)"),
+    Variable(f"{PREFIX}_DISABLE", (), "",
+             "features switched off, comma-separated; a group name (fused_ops) means all of it"),
+    Variable(f"{PREFIX}_ONLY", (), "",
+             "keep only these optional features (required ones stay); 'none': required ones "
+             "alone"),
+    Variable(f"{PREFIX}_PLUGINS", (), "",
+             "plugin modules to register by import name (development, tests)"),
+    Variable(f"{PREFIX}_BLOCK_PLUGINS", (), "",
+             "installed external plugins not to load, by name"),
+    Variable(f"{PREFIX}_ALLOW_LATE", _TRUE + _FALSE, "0",
+             "1: activate even after Megatron was imported (copies are rebound where found)"),
+    Variable(f"{PREFIX}_ALLOW_UNVERIFIED", _TRUE + _FALSE, "0",
+             "1: apply patches on a Megatron release they were not verified on"),
+    Variable(f"{PREFIX}_JIT", ("auto", "compile", "eager"), "auto",
+             "what megatron.core.jit.jit_fuser does (auto: the device row's default)"),
+    Variable(f"{PREFIX}_OPS", ("auto", "eager", "compile", "native"), "auto",
+             "force one implementation of every op in megatron_musa_patch.ops (comparisons)"),
+    Variable(f"{PREFIX}_GMM", ("auto", "loop", "grouped_mm"), "auto",
+             "grouped GEMM for --moe-grouped-gemm (auto: measured choice per device)"),
+    Variable(f"{PREFIX}_KERNELS", _TRUE + _FALSE, "1",
+             "0: never load or build the csrc/ kernels"),
+)
+
+ENV_NAMES = tuple(v.name for v in VARIABLES)
+_BY_NAME = {v.name: v for v in VARIABLES}
+#: read by the layer but not its own (Megatron-LM's convention)
+LM_PATH_ENV = "MEGATRON_LM_PATH"
+
+
+def _list(text: str) -> Tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the variables say, parsed. Build with :func:`from_env` (or directly, in tests)."""
+
+    device: str = "auto"
+    disable: Tuple[str, ...] = ()
+    only: Optional[Tuple[str, ...]] = None  # None: not set; () : 'none'
+    plugins: Tuple[str, ...] = ()
+    block_plugins: Tuple[str, ...] = ()
+    allow_late: bool = False
+    allow_unverified: bool = False
+    jit: str = "auto"
+    ops: str = "auto"
+    gmm: str = "auto"
+    kernels: bool = True
+    lm_path: Optional[Path] = None
+
+    def changed(self) -> dict:
+        """The variables whose value differs from the default (``mmp doctor``)."""
+        defaults = Settings().as_env()
+        return {k: v for k, v in self.as_env().items() if defaults.get(k) != v}
+
+    def as_env(self) -> dict:
+        """The variables that reproduce these settings (for processes this one starts)."""
+        env = {f"{PREFIX}_DEVICE": self.device, f"{PREFIX}_JIT": self.jit,
+               f"{PREFIX}_OPS": self.ops, f"{PREFIX}_GMM": self.gmm,
+               f"{PREFIX}_KERNELS": "1" if self.kernels else "0",
+               f"{PREFIX}_ALLOW_LATE": "1" if self.allow_late else "0",
+               f"{PREFIX}_ALLOW_UNVERIFIED": "1" if self.allow_unverified else "0"}
+        for name, values in ((f"{PREFIX}_DISABLE", self.disable),
+                             (f"{PREFIX}_PLUGINS", self.plugins),
+                             (f"{PREFIX}_BLOCK_PLUGINS", self.block_plugins)):
+            if values:
+                env[name] = ",".join(values)
+        if self.only is not None:
+            env[f"{PREFIX}_ONLY"] = ",".join(self.only) or "none"
+        return env
+
+
+def _value(environ: Mapping[str, str], name: str) -> str:
+    variable = _BY_NAME[name]
+    text = environ.get(name, "").strip()
+    if not text:
+        return variable.default
+    low = text.lower()
+    if variable.choices and low not in variable.choices:
+        raise SettingsError(
+            f"{name}={text!r} is not a value this layer knows: use one of "
+            f"{', '.join(_shown_choices(variable))} ({variable.help}).")
+    return low if variable.choices else text
+
+
+def _shown_choices(variable: Variable):
+    if variable.choices[:len(_TRUE + _FALSE)] == _TRUE + _FALSE:
+        return ("1", "0")
+    return variable.choices
+
+
+def _flag(environ, name) -> bool:
+    return _value(environ, name) in _TRUE
+
+
+def _check_names(environ: Mapping[str, str]) -> None:
+    for name in environ:
+        if name.startswith(PREFIX) and name not in _BY_NAME:
+            close = difflib.get_close_matches(name, ENV_NAMES, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise SettingsError(
+                f"{name} is not a variable of this layer ({hint}known: "
+                f"{', '.join(ENV_NAMES)}); unset it or fix its name.")
+
+
+def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """Read and check every variable (``os.environ`` by default)."""
+    environ = os.environ if environ is None else environ
+    _check_names(environ)
+    only_text = environ.get(f"{PREFIX}_ONLY", "").strip()
+    only = None
+    if only_text:
+        names = _list(only_text)
+        only = tuple(n for n in names if n != "none")
+    lm = environ.get(LM_PATH_ENV, "").strip()
+    return Settings(
+        device=_value(environ, f"{PREFIX}_DEVICE"),
+        disable=_list(environ.get(f"{PREFIX}_DISABLE", "")),
+        only=only,
+        plugins=_list(environ.get(f"{PREFIX}_PLUGINS", "")),
+        block_plugins=_list(environ.get(f"{PREFIX}_BLOCK_PLUGINS", "")),
+        allow_late=_flag(environ, f"{PREFIX}_ALLOW_LATE"),
+        allow_unverified=_flag(environ, f"{PREFIX}_ALLOW_UNVERIFIED"),
+        jit=_value(environ, f"{PREFIX}_JIT"),
+        ops=_value(environ, f"{PREFIX}_OPS"),
+        gmm=_value(environ, f"{PREFIX}_GMM"),
+        kernels=_flag(environ, f"{PREFIX}_KERNELS"),
+        lm_path=Path(lm).expanduser().resolve() if lm else None,
+    )
