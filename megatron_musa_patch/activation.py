@@ -17,9 +17,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from packaging.specifiers import SpecifierSet
-
-from . import releases, settings as settings_module, versions
+from . import release_check, releases, settings as settings_module, versions
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
 from .session import Session
 
@@ -81,6 +79,8 @@ def activate(settings: Optional[settings_module.Settings] = None,
     session = Session(settings=settings, device=device, registry=None, plugins=pm,
                       late_modules=late, lm_path=settings.lm_path)
     session.lm_path = order_sys_path(session.lm_path)
+    unverified = release_check.check(session.lm_path, settings.allow_unverified)
+    release_check.check_training_source(session.lm_path)
     registry = Registry(device.name, plugins.toggles(pm, settings),
                         allow_unverified=settings.allow_unverified, version_of=session.version_of)
     registry.scan_for_copies = bool(late)
@@ -99,6 +99,8 @@ def activate(settings: Optional[settings_module.Settings] = None,
     if late:
         logger.warning("megatron_musa_patch: activated after %s was imported; copies were "
                        "rebound where found", late[0])
+    if unverified and session.is_rank_zero():
+        logger.warning("megatron_musa_patch: %s", unverified)
     return session
 
 
@@ -122,6 +124,8 @@ def imported_megatron_modules() -> List[str]:
 
 
 def check_lm_path(settings: settings_module.Settings) -> None:
+    """MEGATRON_LM_PATH names a Megatron-LM checkout with a readable version (which release it
+    is, and whether it matches megatron-core, is ``release_check``'s)."""
     path = settings.lm_path
     if path is None:
         return
@@ -133,17 +137,11 @@ def check_lm_path(settings: settings_module.Settings) -> None:
             f"({tags}), e.g. `git clone -b {releases.newest().lm_tag} "
             f"https://github.com/NVIDIA/Megatron-LM`."
         )
-    if settings.allow_unverified:
-        return
-    found = versions.megatron_lm_version(path)
-    if found is None or found not in SpecifierSet(releases.VERIFIED_MEGATRON, prereleases=True):
-        what = (f"is Megatron-LM {found}" if found is not None else
-                "has no readable version (megatron/core/package_info.py)")
+    if versions.megatron_lm_version(path) is None and not settings.allow_unverified:
         raise MegatronMusaPatchError(
-            f"MEGATRON_LM_PATH={path} {what}, but this layer's patches were verified on "
-            f"Megatron-LM {releases.VERIFIED_MEGATRON} (tags {tags}). Check out one of them "
-            f"(`git -C {path} checkout {releases.newest().lm_tag}`) or point MEGATRON_LM_PATH at "
-            f"such a checkout; set MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try this one anyway."
+            f"MEGATRON_LM_PATH={path} has no readable version (megatron/core/package_info.py), "
+            f"so it cannot be matched with megatron-core. Point it at a checkout of a supported "
+            f"tag ({tags}); set MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try this one anyway."
         )
 
 
@@ -191,7 +189,10 @@ class _FirstMegatronImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "megatron":
             self.remove()
-            self.session.lm_path = order_sys_path(self.session.lm_path)
+            found = order_sys_path(self.session.lm_path)
+            if found != self.session.lm_path:  # a checkout the script's directory put first
+                release_check.check(found, self.session.settings.allow_unverified)
+            self.session.lm_path = found
         return None
 
     def remove(self):

@@ -83,8 +83,10 @@ def _doctor(command: str, rest: List[str]) -> int:
 
 def _import_targets(state) -> None:
     """Import every module a patch targets, so each row shows applied / skipped / failed."""
-    for module in sorted({p.module for p in state.registry.patches()}):
-        if module.startswith(("megatron.training", "megatron.legacy")) and state.lm_path is None:
+    waiting = {r.target.split(":", 1)[0] for r in state.registry.results() if r.status == "deferred"}
+    for module in sorted(waiting):
+        if module.startswith(("megatron.training", "megatron.legacy")) and state.lm_path is None \
+                and not _ships_training():
             continue
         try:
             importlib.import_module(module)
@@ -92,6 +94,13 @@ def _import_targets(state) -> None:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, not fatal, for a diagnostic command
             print(f"mmp: importing {module} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _ships_training() -> bool:
+    from . import releases, versions
+
+    release = releases.release_of(versions.megatron_core_version())
+    return release is not None and release.training_from == "wheel"
 
 
 if __name__ == "__main__":

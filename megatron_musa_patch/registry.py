@@ -20,6 +20,7 @@ Kinds:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -28,8 +29,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import wrapt
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
-from . import releases, versions
+from . import releases, version_ranges, versions
 from .errors import PatchError
 from .toggles import Toggles
 
@@ -55,9 +57,14 @@ class Patch:
     impl: Any
     feature: str
     devices: frozenset = ALL_DEVICES
-    #: packaging specifier of the Megatron versions this was verified on; None for non-Megatron
-    #: targets (torch). Defaults to releases.VERIFIED_MEGATRON for ``megatron.*`` targets.
+    #: the Megatron versions this record is for (verified on), as ``>=a,<b``; None for
+    #: non-Megatron targets (torch). Defaults to the whole support table (releases.py) for
+    #: ``megatron.*`` targets. Records of one ``id`` with disjoint ranges are variants of one
+    #: logical patch: the one whose range holds the installed release applies.
     megatron: Optional[str] = ""
+    #: why the record is not needed on a supported release outside ``megatron`` (e.g. "upstream
+    #: fixed it in 0.17.0"); shown by ``mmp doctor``
+    outside: str = ""
     #: returns True to apply, False or a reason string to skip; evaluated at application time
     condition: Optional[Callable[[], Union[bool, str]]] = None
     #: a failure raises (device and collective patches): never a half-patched process
@@ -80,9 +87,14 @@ class Patch:
             object.__setattr__(self, "megatron", None)
         if self.megatron is not None:
             try:
-                SpecifierSet(self.megatron)
-            except InvalidSpecifier as exc:
+                version_ranges.interval(self.megatron)
+            except (InvalidSpecifier, ValueError) as exc:
                 raise ValueError(f"patch {self.id}: bad version range {self.megatron!r}") from exc
+
+    @property
+    def key(self) -> Tuple[str, Optional[str]]:
+        """Identifies one variant: the logical id and its version range."""
+        return (self.id, self.megatron)
 
     @property
     def module(self) -> str:
@@ -102,6 +114,8 @@ class PatchResult:
     status: str
     reason: str = ""
     strict: bool = False
+    #: the version range, when the id has several variants ("" otherwise)
+    variant: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -129,16 +143,21 @@ class Registry:
         self.active = False
         #: rebind copies in every loaded megatron module (activation after Megatron was imported)
         self.scan_for_copies = False
-        self._patches: Dict[str, Patch] = {}
-        self._results: Dict[str, PatchResult] = {}
-        self._undo: Dict[str, _Undo] = {}
+        self._patches: Dict[tuple, Patch] = {}
+        self._results: Dict[tuple, PatchResult] = {}
+        self._undo: Dict[tuple, _Undo] = {}
         self._hooked_modules: set = set()
 
     # ------------------------------------------------------------------ records
     def add(self, patch: Patch) -> None:
-        if patch.id in self._patches:
-            raise ValueError(f"patch id {patch.id!r} registered twice")
-        self._patches[patch.id] = patch
+        for other in self._variants(patch.id):
+            if other.megatron is None or patch.megatron is None or \
+                    version_ranges.overlap(other.megatron, patch.megatron):
+                raise ValueError(
+                    f"patch id {patch.id!r} registered twice for overlapping Megatron ranges "
+                    f"({other.megatron} and {patch.megatron}): variants of one patch must not "
+                    f"overlap, or the release would have two")
+        self._patches[patch.key] = patch
         self._set(patch, DEFERRED, f"waiting for `import {patch.module}`")
         if self.active:
             self._schedule(patch)
@@ -149,6 +168,9 @@ class Registry:
 
     def patches(self) -> List[Patch]:
         return list(self._patches.values())
+
+    def _variants(self, patch_id: str) -> List[Patch]:
+        return [p for p in self._patches.values() if p.id == patch_id]
 
     # ------------------------------------------------------------------ applying
     def activate(self) -> None:
@@ -164,9 +186,13 @@ class Registry:
         if reason is not None:
             self._set(patch, SKIPPED, reason)
             return
-        problem = self._version_problem(patch)
-        if problem is not None:
-            self._fail(patch, problem)
+        verdict = self._version_verdict(patch)
+        if verdict is not None:
+            status, reason = verdict
+            if status == FAILED:
+                self._fail(patch, reason)
+            else:
+                self._set(patch, SKIPPED, reason)
             return
         if patch.kind == "module":
             self._install_stand_in(patch)
@@ -180,7 +206,7 @@ class Registry:
         if not self.active:
             return
         for patch in list(self._patches.values()):
-            if patch.module == module.__name__ and self._results[patch.id].status == DEFERRED:
+            if patch.module == module.__name__ and self._results[patch.key].status == DEFERRED:
                 self._apply(patch, module)
 
     def _gate(self, patch: Patch) -> Optional[str]:
@@ -191,23 +217,35 @@ class Registry:
             return f"feature '{patch.feature}' {self.toggles.why(patch.feature)}"
         return None
 
-    def _version_problem(self, patch: Patch) -> Optional[str]:
-        if patch.megatron is None or self.allow_unverified:
+    def _version_verdict(self, patch: Patch) -> Optional[Tuple[str, str]]:
+        """None to go on; (SKIPPED, why) for a supported release outside the record's range (a
+        variant for another release, a fix upstream has made); (FAILED, why) for a release the
+        table does not list. An unlisted release let through by ALLOW_UNVERIFIED is treated as
+        the nearest listed one: the records for it are tried."""
+        if patch.megatron is None:
             return None
         installed = self.version_of(patch.module)
         if installed is None:
             return None  # nothing installed to check; a missing module simply stays deferred
-        if installed in SpecifierSet(patch.megatron, prereleases=True):
+        which = versions.gating_distribution(patch.module)
+        effective = installed
+        if releases.release_of(installed) is None:
+            if not self.allow_unverified:
+                return FAILED, (
+                    f"patch '{patch.id}' (feature '{patch.feature}') was verified on {which} "
+                    f"{releases.VERIFIED_MEGATRON} ({releases.tags()}) but {installed} is "
+                    f"installed; install a supported release, or set "
+                    f"MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try it anyway")
+            newest = releases.newest()
+            effective = Version(newest.first if releases.newer_than_table(installed)
+                                else releases.oldest().first)
+        if effective in SpecifierSet(patch.megatron, prereleases=True):
             return None
-        which = "megatron-core" if patch.module.startswith("megatron.core") else "Megatron-LM"
-        return (
-            f"patch '{patch.id}' (feature '{patch.feature}') was verified on {which} "
-            f"{patch.megatron} but {installed} is installed; install a verified version, or set "
-            f"MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try it anyway"
-        )
+        note = f": {patch.outside}" if patch.outside else ""
+        return SKIPPED, f"for {which} {patch.megatron}, not {installed}{note}"
 
     def _apply(self, patch: Patch, module) -> None:
-        if patch.id in self._undo:
+        if patch.key in self._undo:
             return
         if patch.condition is not None:
             verdict = patch.condition()
@@ -237,7 +275,7 @@ class Registry:
         previous = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
         setattr(parent, attribute, new)
         rebinds = self._rebind(patch, original, new) if original is not _MISSING else []
-        self._undo[patch.id] = _Undo(parent, attribute, previous, rebinds)
+        self._undo[patch.key] = _Undo(parent, attribute, previous, rebinds)
         self._set(patch, APPLIED, patch.why)
         logger.debug("applied %s on %s", patch.id, patch.target)
 
@@ -252,7 +290,7 @@ class Registry:
             return
         finder = _StandInFinder(patch.module, patch.impl)
         sys.meta_path.insert(0, finder)
-        self._undo[patch.id] = _Undo(sys.meta_path, "", finder, [])
+        self._undo[patch.key] = _Undo(sys.meta_path, "", finder, [])
         self._set(patch, APPLIED, patch.why)
 
     @staticmethod
@@ -287,22 +325,29 @@ class Registry:
         logger.warning("megatron_musa_patch: %s", reason)
 
     def _set(self, patch: Patch, status: str, reason: str) -> None:
-        self._results[patch.id] = PatchResult(
-            patch.id, patch.target, patch.feature, patch.kind, status, reason, patch.strict
-        )
+        variant = patch.megatron or "" if len(self._variants(patch.id)) > 1 else ""
+        self._results[patch.key] = PatchResult(
+            patch.id, patch.target, patch.feature, patch.kind, status, reason, patch.strict,
+            variant)
+        if variant:  # a second variant arrived: the first one's row names its range too
+            for other in self._variants(patch.id):
+                row = self._results.get(other.key)
+                if row is not None and not row.variant:
+                    row.variant = other.megatron or ""
 
     # ------------------------------------------------------------------ undo
     def unpatch(self, ids: Optional[Iterable[str]] = None) -> None:
-        """Undo applied patches (all by default), newest first. For tests."""
-        chosen = list(self._undo) if ids is None else [i for i in ids if i in self._undo]
-        for patch_id in reversed(chosen):
-            undo = self._undo.pop(patch_id)
+        """Undo applied patches (all by default; ``ids``: logical ids), newest first."""
+        wanted = None if ids is None else set(ids)
+        chosen = [k for k in self._undo if wanted is None or k[0] in wanted]
+        for key in reversed(chosen):
+            undo = self._undo.pop(key)
             if isinstance(undo.previous, _StandInFinder):
                 undo.previous.remove()
-                self._set(self._patches[patch_id], DEFERRED, "unpatched")
+                self._set(self._patches[key], DEFERRED, "unpatched")
                 continue
-            for mod, key, old in undo.rebinds:
-                setattr(mod, key, old)
+            for mod, name, old in undo.rebinds:
+                setattr(mod, name, old)
             if undo.previous is _MISSING:
                 try:
                     delattr(undo.parent, undo.attribute)
@@ -310,16 +355,20 @@ class Registry:
                     pass
             else:
                 setattr(undo.parent, undo.attribute, undo.previous)
-            self._set(self._patches[patch_id], DEFERRED, "unpatched")
+            self._set(self._patches[key], DEFERRED, "unpatched")
         if ids is None:
             self.active = False
 
     # ------------------------------------------------------------------ reporting
     def results(self) -> List[PatchResult]:
-        return [self._results[i] for i in self._patches]
+        return [self._results[k] for k in self._patches]
 
     def result(self, patch_id: str) -> PatchResult:
-        return self._results[patch_id]
+        """The row of ``patch_id``: its applied variant, else its first one."""
+        rows = [self._results[p.key] for p in self._variants(patch_id)]
+        if not rows:
+            raise KeyError(patch_id)
+        return next((r for r in rows if r.status == APPLIED), rows[0])
 
     def switched_off(self, feature: str) -> bool:
         return self.toggles.is_off(feature)
@@ -335,6 +384,33 @@ class Registry:
             return f"is {self.toggles.why(feature)}"
         problems = self.feature_problems(feature)
         return f"did not apply: {problems[0]}" if problems else None
+
+    # ------------------------------------------------------------------ resolving all
+    def resolve(self, patch: Patch) -> Tuple[str, str]:
+        """Whether ``patch``'s target exists in the installed release, whatever the device
+        (``mmp patches --resolve-all``): ("resolved" | "missing" | "not importable" |
+        "stand-in", detail). Imports the target module; changes nothing."""
+        if patch.kind == "module":
+            if patch.module in sys.modules and not isinstance(
+                    getattr(sys.modules[patch.module].__spec__, "loader", None), _StandInFinder):
+                return "resolved", "the real module is importable: the stand-in is not served"
+            try:
+                real = importlib.util.find_spec(patch.module) is not None
+            except (ImportError, ValueError):
+                real = False
+            return ("resolved", "the real module is importable") if real else \
+                ("stand-in", "the module is missing here: the stand-in serves it")
+        try:
+            module = importlib.import_module(patch.module)
+        except Exception as exc:  # noqa: BLE001 - reported, this is a diagnostic
+            return "not importable", f"{type(exc).__name__}: {exc}"
+        if patch.create:
+            return "resolved", "a name the patch creates"
+        try:
+            self._resolve(module, patch)
+        except _PATH_ERRORS as exc:
+            return "missing", str(exc)
+        return "resolved", ""
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

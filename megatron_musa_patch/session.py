@@ -54,6 +54,12 @@ class Session:
     def versions(self) -> dict:
         return versions.summary(self.lm_path)
 
+    def upstream(self, fact: str, module: str = "megatron.core") -> bool:
+        """Whether the installed Megatron has the behaviour ``fact`` (``compat.facts``)."""
+        from .compat import facts
+
+        return facts.holds(fact, self.version_of(module))
+
     # ------------------------------------------------------------------ features
     def why_unavailable(self, feature: str) -> Optional[str]:
         return self.registry.why_unavailable(feature)

@@ -21,10 +21,18 @@ def header(state) -> str:
     )
 
 
+def shown_id(row: PatchResult) -> str:
+    """The id as the table shows it: with the version range of a variant."""
+    return f"{row.id} [{row.variant}]" if row.variant else row.id
+
+
 def grouped(rows: List[PatchResult]) -> List[PatchResult]:
     """One row per (id prefix, status) when a feature patches many sibling names alike."""
     groups = collections.OrderedDict()
     for row in rows:
+        if row.variant:
+            groups.setdefault((row.id, row.status, row.variant), []).append(row)
+            continue
         prefix = row.id.rsplit(".", 1)[0]
         groups.setdefault((prefix, row.status, row.reason), []).append(row)
     out = []
@@ -43,7 +51,7 @@ def render_table(state, collapse: bool = True) -> str:
     counts = collections.Counter(r.status for r in rows)
     shown = grouped(rows) if collapse else rows
     shown = sorted(shown, key=lambda r: (r.feature != "device", r.feature, _ORDER[r.status]))
-    width_id = max([len(r.id) for r in shown] + [5])
+    width_id = max([len(shown_id(r)) for r in shown] + [5])
     width_target = min(max([len(r.target) for r in shown] + [6]), 72)
     lines = [header(state),
              "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, DEFERRED, SKIPPED,
@@ -51,7 +59,7 @@ def render_table(state, collapse: bool = True) -> str:
              f"{'status':8} {'patch':{width_id}} {'target':{width_target}} reason"]
     for r in shown:
         target = r.target if len(r.target) <= width_target else "..." + r.target[-width_target + 3:]
-        lines.append(f"{r.status:8} {r.id:{width_id}} {target:{width_target}} {r.reason}")
+        lines.append(f"{r.status:8} {shown_id(r):{width_id}} {target:{width_target}} {r.reason}")
     return "\n".join(lines)
 
 

@@ -16,6 +16,8 @@ from typing import Optional
 
 from packaging.version import InvalidVersion, Version
 
+from . import releases
+
 _VERSION_FIELDS = re.compile(r"^(MAJOR|MINOR|PATCH|PRE_RELEASE)\s*=\s*(.+)$", re.M)
 
 
@@ -76,10 +78,28 @@ def _parse(text: Optional[str]) -> Optional[Version]:
 
 
 def version_for_target(module_name: str, lm_path: Optional[Path]) -> Optional[Version]:
-    """The version a patch on ``module_name`` is gated on."""
+    """The version a patch on ``module_name`` is gated on: megatron-core's for its own modules
+    and, from 0.17 on, for ``megatron.training`` too (the wheel ships it); the Megatron-LM
+    checkout's for ``megatron.training`` of 0.16 and for the other ``megatron.*`` packages."""
+    core = megatron_core_version()
     if module_name.startswith("megatron.core") or not module_name.startswith("megatron."):
-        return megatron_core_version()
-    return megatron_lm_version(lm_path) or megatron_core_version()
+        return core
+    release = releases.release_of(core)
+    if module_name.startswith("megatron.training") and release is not None and \
+            release.training_from == "wheel":
+        return core
+    return megatron_lm_version(lm_path) or core
+
+
+def gating_distribution(module_name: str) -> str:
+    """The name of what ``version_for_target`` reads for ``module_name`` (for messages)."""
+    if module_name.startswith("megatron.core") or not module_name.startswith("megatron."):
+        return "megatron-core"
+    release = releases.release_of(megatron_core_version())
+    if module_name.startswith("megatron.training") and release is not None and \
+            release.training_from == "wheel":
+        return "megatron-core"
+    return "Megatron-LM"
 
 
 def summary(lm: Optional[Path]) -> dict:

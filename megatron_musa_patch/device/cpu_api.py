@@ -109,6 +109,14 @@ def synchronize(device: Any = None) -> None:
     return None
 
 
+def is_current_stream_capturing() -> bool:
+    return False  # no CUDA graphs on a CPU
+
+
+def _sleep(cycles: int) -> None:
+    return None  # a GPU spin used to order streams; CPU streams are already in order
+
+
 def ipc_collect() -> None:
     return None
 

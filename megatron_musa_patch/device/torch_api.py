@@ -47,6 +47,8 @@ CUDA_API = (
     "power_draw", "clock_rate", "cudart", "check_error", "CUDAGraph", "graph",
     "graph_pool_handle", "MemPool", "use_mem_pool", "FloatTensor", "DoubleTensor",
     "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ByteTensor", "BoolTensor",
+    # 0.17-0.19
+    "is_current_stream_capturing", "memory_snapshot", "_sleep",
 )
 
 #: submodule functions Megatron calls through their full path
@@ -54,7 +56,8 @@ CUDA_SUBMODULE_API = {
     "torch.cuda.random": ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
                           "seed", "initial_seed"),
     "torch.cuda.memory": ("MemPool", "use_mem_pool", "memory_stats", "memory_allocated",
-                          "max_memory_allocated", "memory_reserved", "empty_cache"),
+                          "max_memory_allocated", "memory_reserved", "empty_cache",
+                          "_snapshot", "_record_memory_history", "_dump_snapshot"),
 }
 NVTX_API = ("range_push", "range_pop", "range", "mark")
 
@@ -66,10 +69,16 @@ def device_api(row: DeviceMapping) -> Dict[str, Any]:
     from . import cpu_api
 
     portable = {"_lazy_call", "_lazy_init", "cudart", "check_error", "utilization",
-                "temperature", "power_draw", "clock_rate", "ipc_collect", "device_memory_used"}
+                "temperature", "power_draw", "clock_rate", "ipc_collect", "device_memory_used",
+                "is_current_stream_capturing", "_sleep"}
     api = {}
-    for name in CUDA_API:
+    memory = getattr(module, "memory", None)
+    for name in CUDA_API + tuple(CUDA_SUBMODULE_API["torch.cuda.memory"]):
+        if name in api:
+            continue
         value = getattr(module, row.api_aliases.get(name, name), None)
+        if value is None and name.startswith("_") and memory is not None:
+            value = getattr(memory, name, None)  # private memory-history helpers
         if value is None and name in portable:
             value = getattr(cpu_api, name)
         if value is None:

@@ -5,9 +5,12 @@
 * ``megatron.legacy.fused_kernels.load`` runs ``nvcc -V``: nothing to load off CUDA.
 * ``_warmup_jit_function`` exists to trigger compilation; with an eager ``@jit_fuser`` it only
   costs time.
-* ``initialize.py`` imports ``batch_invariant_kernels``, which imports triton at module level:
-  without triton a stand-in module is served whose ``enable_batch_invariant_mode`` explains that
-  ``--batch-invariant-mode`` needs triton.
+* ``initialize.py`` imports ``batch_invariant_kernels``, which imports triton at module level
+  (0.16): without triton a stand-in module is served whose ``enable_batch_invariant_mode``
+  explains that ``--batch-invariant-mode`` needs triton.
+* From 0.18 ``import megatron.core`` imports the MoE paged stash's triton kernels: without triton
+  that module is executed with triton stand-ins (``triton_free``), so its kernels explain, if
+  ``--moe-paged-stash`` ever launches them, that they need triton.
 
 The CUDA assertion, ``set_device`` and the ``device_count() == 0`` gates of ``initialize.py``
 need no patch of their own: the device swap makes ``torch.cuda`` answer for the device.
@@ -15,17 +18,19 @@ need no patch of their own: the device swap makes ``torch.cuda`` answer for the 
 
 from __future__ import annotations
 
+from .. import compat
 from ..conditions import importable, missing
 from ..errors import UnsupportedOnDeviceError
 from ..hookspecs import hookimpl
 from ..registry import Patch
+from ..triton_free import execute_without_triton
 from .device_swap import jit_mode
 
 FEATURE = "cuda_free_startup"
 REQUIRED = True
 DESCRIPTION = "Megatron-LM start-up without make, nvcc or triton where they are not needed"
 
-BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"  # for messages
 
 
 @hookimpl
@@ -35,8 +40,8 @@ def mmp_register_patches(session, registry, device):
         f"{FEATURE}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
         _compile_helpers_if_missing, FEATURE,
         why="skip `make` when the compiled dataset helpers already import"))
-    registry.add(Patch(
-        f"{FEATURE}.fused_kernels_load", "megatron.legacy.fused_kernels:load", "replace",
+    registry.extend(compat.patches(
+        "legacy_fused_kernels_load", f"{FEATURE}.fused_kernels_load", "replace",
         _no_fused_kernels, FEATURE, devices=frozenset({"musa", "cpu"}),
         why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA"))
     registry.add(Patch(
@@ -44,11 +49,16 @@ def mmp_register_patches(session, registry, device):
         "replace", _no_jit_warmup, FEATURE,
         condition=lambda: eager or "@jit_fuser compiles here: the warm-up compiles its kernels",
         why="@jit_fuser is eager here: the warm-up would compile nothing"))
-    registry.add(Patch(
-        f"{FEATURE}.batch_invariant_stand_in", f"{BATCH_INVARIANT}:*", "module",
+    registry.extend(compat.patches(
+        "batch_invariant_kernels", f"{FEATURE}.batch_invariant_stand_in", "module",
         _batch_invariant_stand_in, FEATURE, condition=lambda: missing("triton"),
         why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
             "initialize.py failing to import"))
+    registry.extend(compat.patches(
+        "paged_stash_kernels", f"{FEATURE}.paged_stash_without_triton", "module",
+        _paged_stash_without_triton, FEATURE, condition=lambda: missing("triton"),
+        why="triton is not installed: `import megatron.core` works; --moe-paged-stash "
+            "explains that its kernels need triton"))
 
 
 def _compile_helpers_if_missing(wrapped, instance, args, kwargs):
@@ -63,6 +73,10 @@ def _no_fused_kernels(args=None):
 
 def _no_jit_warmup(*args, **kwargs):  # upstream's parameters vary by release
     return None
+
+
+def _paged_stash_without_triton(module):
+    execute_without_triton(module, "the MoE paged stash (--moe-paged-stash)")
 
 
 def _batch_invariant_stand_in(module):

@@ -45,9 +45,9 @@ def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
 def _torch_cuda_patches(device):
     api = torch_api.device_api(device)
     why = f"torch.cuda.* answers for the {device.name} device"
-    for name, value in api.items():
-        yield _strict(f"device.torch_cuda.{name}", f"torch.cuda:{name}", "attribute", value, why,
-                      create=True)
+    for name in torch_api.CUDA_API:
+        yield _strict(f"device.torch_cuda.{name}", f"torch.cuda:{name}", "attribute", api[name],
+                      why, create=True)
     for module, names in torch_api.CUDA_SUBMODULE_API.items():
         for name in names:
             yield _strict(f"device.{module[6:]}.{name}", f"{module}:{name}", "attribute",
@@ -95,6 +95,30 @@ def _device_string_patches(device):
     yield _strict("device.tensor.record_stream", "torch:Tensor.record_stream", "replace",
                   torch_api.tensor_record_stream(device, torch.Tensor.record_stream),
                   "CPU streams complete synchronously: nothing to keep alive", devices={"cpu"})
+    # a CUDA build of torch (what pip gives on Python 3.12) names CUDA as its accelerator even
+    # without a GPU; with torch.cuda answering for the CPU, torch's own code (the optimizers'
+    # graph-capture check) would then call into CUDA: here there is no accelerator, as with a
+    # CPU build of torch
+    for name, value in (("current_accelerator", _no_accelerator), ("is_available", _false)):
+        yield _strict(f"device.accelerator.{name}", f"torch.accelerator:{name}", "replace", value,
+                      "the CPU row has no accelerator, whatever torch was built for",
+                      devices={"cpu"}, condition=lambda: _torch_names_an_accelerator())
+
+
+def _no_accelerator(check_available: bool = False):
+    return None
+
+
+def _false(*args, **kwargs):
+    return False
+
+
+def _torch_names_an_accelerator():
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return "this torch has no torch.accelerator"
+    return True if torch._C._accelerator_getAccelerator() is not None else \
+        "this torch build names no accelerator"
 
 
 def _dataloader_without_pinning(wrapped, instance, args, kwargs):

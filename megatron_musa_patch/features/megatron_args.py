@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from .. import compat
 from ..binding import call_arguments
 from ..flag_needs import unavailable_error
 from ..hookspecs import hookimpl
@@ -36,8 +37,10 @@ def mmp_register_patches(session, registry):
         "adds plugin argument groups to Megatron's parser")
     add("validate_args", "megatron.training.arguments:validate_args", _validate_args,
         "plugin flag checks run before Megatron's")
-    add("transformer_config", "megatron.training.arguments:core_transformer_config_from_args",
-        _transformer_config, "plugins carry their flags onto the TransformerConfig")
+    registry.extend(compat.patches(
+        "core_transformer_config_from_args", "megatron_args.transformer_config", "wrap",
+        functools.partial(_transformer_config, session), FEATURE, strict=True,
+        why="plugins carry their flags onto the TransformerConfig"))
     add("optimizer_config", "megatron.training.training:get_megatron_optimizer_config",
         _optimizer_config, "plugins carry their flags onto the OptimizerConfig")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from ..binding import call_arguments
+from ..compat.facts import fixed_upstream
 from ..conditions import te_missing
 from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
@@ -41,9 +42,10 @@ def mmp_register_patches(registry):
         "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
         _accept_k_v_channels, FEATURE,
         why="MLA passes k_channels/v_channels: set the output width and default scale from them"))
+    until, outside = fixed_upstream("mla_knows_te_is_missing")
     registry.add(Patch(
         "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
-        "attribute", False, FEATURE, condition=te_missing,
+        "attribute", False, FEATURE, condition=te_missing, megatron=until, outside=outside,
         why="its TE names are None without TE; the module believed TE was there"))
 
 

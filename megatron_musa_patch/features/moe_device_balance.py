@@ -24,7 +24,7 @@ from typing import List
 
 import torch
 
-from .. import moe_balance
+from .. import compat, moe_balance
 from ..binding import call_arguments
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
@@ -118,10 +118,10 @@ def mmp_register_patches(session, registry):
     registry.add(Patch(f"{FEATURE}.token_dropping", f"{ROUTER}:apply_router_token_dropping",
                        "wrap", _token_dropping, FEATURE,
                        why="--moe-device-level-capacity: capacity per device, not per expert"))
-    registry.add(Patch(f"{FEATURE}.track_moe_metrics",
-                       "megatron.core.transformer.moe.moe_utils:track_moe_metrics", "wrap",
-                       functools.partial(_track_moe_metrics, _tracked(session)), FEATURE,
-                       why="log the two losses next to upstream's"))
+    registry.extend(compat.patches(
+        "moe_metrics_report", f"{FEATURE}.track_moe_metrics", "wrap",
+        functools.partial(_track_moe_metrics, _tracked(session)), FEATURE,
+        why="log the two losses next to upstream's"))
 
 
 def _cfg(config, name, default=0.0):
@@ -179,7 +179,14 @@ def _token_dropping(wrapped, instance, args, kwargs):
 
 
 def _track_moe_metrics(tracked, wrapped, instance, args, kwargs):
-    if tracked and kwargs.get("track_names") is not None:
-        kwargs["track_names"] = list(kwargs["track_names"]) + [
-            n for n in tracked if n not in kwargs["track_names"]]
-    return wrapped(*args, **kwargs)
+    """Upstream reduces and logs only the loss names it is given (from 0.18 it then clears
+    what was recorded): add the two device-level ones to upstream's list."""
+    if not tracked:
+        return wrapped(*args, **kwargs)
+    call = call_arguments(wrapped, args, kwargs)
+    names = call.get("track_names")
+    if names is None:
+        return wrapped(*args, **kwargs)
+    names = [names] if isinstance(names, str) else list(names)
+    call["track_names"] = names + [n for n in tracked if n not in names]
+    return wrapped(**call)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 
+from .. import compat
 from ..binding import call_arguments
 from ..conditions import importable, te_installed
 from ..flag_needs import FlagNeed
@@ -37,7 +38,6 @@ REQUIRED = False
 DESCRIPTION = "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm"
 
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
-GG_UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
 TE_FUSED = ("fused_permute", "fused_permute_with_probs", "fused_unpermute",
             "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs")
 #: args attribute marking that --moe-grouped-gemm was hidden from Megatron's capability check
@@ -90,13 +90,17 @@ def mmp_register_patches(registry):
         "--moe-permute-fusion: fused=True unpermute through ops.moe_permute")
     add("sort_chunks", f"{MOE_UTILS}:sort_chunks_by_idxs", "wrap", _sort_chunks, _without_te,
         "--moe-permute-fusion: fused=True chunk sort through ops.moe_permute")
-    add("grouped_gemm_package", f"{GG_UTIL}:grouped_gemm", "attribute", _GroupedGemmPackage(),
-        _without_grouped_gemm, "--moe-grouped-gemm: gmm from ops.grouped_gemm", create=True)
-    add("grouped_gemm_ops", f"{GG_UTIL}:ops", "attribute", _GroupedGemmPackage.ops,
-        _without_grouped_gemm, "--moe-grouped-gemm: gmm from ops.grouped_gemm", create=True)
-    add("grouped_mlp_dtype", "megatron.core.transformer.moe.experts:GroupedMLP.forward", "wrap",
-        _grouped_mlp_forward, _without_grouped_gemm,
-        "GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype")
+    # the local spec's grouped-GEMM experts (GroupedMLP and its glue exist before 0.17 only)
+    for name, value in (("grouped_gemm", _GroupedGemmPackage()),
+                        ("ops", _GroupedGemmPackage.ops)):
+        registry.extend(compat.patches(
+            "grouped_gemm_util", f"{FEATURE}.grouped_gemm_{'ops' if name == 'ops' else 'package'}",
+            "attribute", value, FEATURE, condition=_without_grouped_gemm, create=True,
+            attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm"))
+    registry.extend(compat.patches(
+        "grouped_mlp_forward", f"{FEATURE}.grouped_mlp_dtype", "wrap", _grouped_mlp_forward,
+        FEATURE, condition=_without_grouped_gemm,
+        why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype"))
     add("capability_check", "megatron.training.arguments:validate_args", "wrap",
         _validate_args, _without_grouped_gemm,
         "--moe-grouped-gemm passes Megatron-LM's CUDA compute-capability assertion")
@@ -151,17 +155,22 @@ def _validate_args(wrapped, instance, args, kwargs):
 
 def _permute(wrapped, instance, args, kwargs):
     a = call_arguments(wrapped, args, kwargs)
-    if not a["fused"]:
-        return wrapped(*args, **kwargs)
+    if not a["fused"] or a.get("align_size", 0) > 0:
+        return wrapped(*args, **kwargs)  # padding to an fp8/fp4 alignment: TE's kernel alone
     from ..ops import moe_permute
 
-    return moe_permute.permute(a["tokens"], a["routing_map"], probs=a["probs"],
-                               num_out_tokens=a["num_out_tokens"], drop_and_pad=a["drop_and_pad"])
+    permuted, probs, sorted_indices = moe_permute.permute(
+        a["tokens"], a["routing_map"], probs=a["probs"], num_out_tokens=a["num_out_tokens"],
+        drop_and_pad=a["drop_and_pad"])
+    if "tokens_per_expert" not in a:
+        return permuted, probs, sorted_indices
+    # the releases whose permute takes tokens_per_expert also return pad offsets and counts
+    return permuted, probs, sorted_indices, None, a["tokens_per_expert"]
 
 
 def _unpermute(wrapped, instance, args, kwargs):
     a = call_arguments(wrapped, args, kwargs)
-    if not a["fused"]:
+    if not a["fused"] or a.get("pad_offsets") is not None:
         return wrapped(*args, **kwargs)
     from ..ops import moe_permute
 

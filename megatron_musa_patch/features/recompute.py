@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 
+from .. import compat
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..recompute import rules, wrappers
@@ -51,9 +52,10 @@ def mmp_register_patches(session, registry):
         Patch("recompute.sequential_experts", _EXPERTS + "SequentialMLP.forward", "wrap",
               bound(wrappers.experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
-        Patch("recompute.grouped_experts", _EXPERTS + "GroupedMLP.forward", "wrap",
-              bound(wrappers.experts_forward), FEATURE,
-              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
+        *compat.patches("grouped_mlp_forward", "recompute.grouped_experts", "wrap",
+                        bound(wrappers.experts_forward), FEATURE,
+                        why="--mlp-recompute checkpoints the expert computation (not the "
+                            "dispatch)"),
         Patch("recompute.te_grouped_experts", _EXPERTS + "TEGroupedMLP.forward", "wrap",
               bound(wrappers.experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),

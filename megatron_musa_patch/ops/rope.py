@@ -151,5 +151,6 @@ def fused_apply_rotary_pos_emb(t, freqs, transpose_output_memory=False, interlea
     return apply_rope_bshd(t, freqs, interleaved=interleaved)
 
 
-def fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
-    return apply_rope_thd(t, cu_seqlens, freqs, cp_size=cp_size, cp_rank=cp_rank)
+def fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0, interleaved=False):
+    return apply_rope_thd(t, cu_seqlens, freqs, interleaved=interleaved, cp_size=cp_size,
+                          cp_rank=cp_rank)

@@ -38,7 +38,7 @@ class SkipForwardLinear(_Linear):
     """``LinearWithGradAccumulationAndAsyncCommunication`` without the forward GEMM."""
 
     @staticmethod
-    def forward(ctx, input_, weight, *rest):
+    def forward(ctx, input_, weight, *rest):  # the parameters of _Linear.forward
         empty = _Linear.forward(ctx, input_[:0], weight, *rest)  # Megatron sets up ctx
         ctx.save_for_backward(input_, weight)  # the full input, for the weight gradient
         return _placeholder(empty, input_, weight)
@@ -53,31 +53,31 @@ class SkipForwardFrozenLinear(_Frozen):
         return _placeholder(empty, input_, weight)
 
 
+def _forward_parameters(function) -> list:
+    """The autograd function's forward parameters after ``ctx``, in order."""
+    return list(inspect.signature(function.forward).parameters)[1:]
+
+
 def forward_impl(args, kwargs):
     """What ``RowParallelLinear._forward_impl(*args, **kwargs)`` returns, forward skipped.
 
     ``_forward_impl`` hands its arguments to ``linear_with_frozen_weight`` or
     ``linear_with_grad_accumulation_and_async_allreduce``; they are bound to that function's
-    signature and passed to the autograd function in the order those functions pack them.
+    signature and passed to the autograd function in the order of its forward's own parameters
+    (upstream names them alike; releases add some, e.g. 0.19's ``gtp_remat_size``).
     """
     weight = kwargs["weight"] if "weight" in kwargs else args[1]
     target = (_layers.linear_with_grad_accumulation_and_async_allreduce if weight.requires_grad
               else _layers.linear_with_frozen_weight)
     call = inspect.signature(target).bind(*args, **kwargs)
     call.apply_defaults()
-    call = call.arguments
-    input_ = call["input"]
+    call = dict(call.arguments)
     if call.get("sequence_parallel"):
         raise NotImplementedError("a row-parallel layer never gathers its input (megatron-core "
                                   "passes sequence_parallel=False to its linear function)")
-    tp_group = _layers.get_tensor_model_parallel_group_if_none(call.get("tp_group"))
-    if not weight.requires_grad:
-        out = SkipForwardFrozenLinear.apply(input_, weight, call["bias"], call["allreduce_dgrad"],
-                                            tp_group)
-    else:
-        out = SkipForwardLinear.apply(
-            input_, weight, call["bias"], call["gradient_accumulation_fusion"],
-            call["allreduce_dgrad"], False, call["grad_output_buffer"],
-            call["wgrad_deferral_limit"], tp_group)
+    call["tp_group"] = _layers.get_tensor_model_parallel_group_if_none(call.get("tp_group"))
+    function, upstream = ((SkipForwardLinear, _Linear) if weight.requires_grad
+                          else (SkipForwardFrozenLinear, _Frozen))
+    out = function.apply(*(call[name] for name in _forward_parameters(upstream)))
     setattr(out, MARK, True)
     return out

@@ -134,26 +134,69 @@ def _megatron_fake(monkeypatch):
     return name, mod
 
 
-def test_version_range_is_checked_against_installed_megatron(monkeypatch):
+def test_a_record_for_another_supported_release_is_skipped_naming_its_range(monkeypatch):
     name, mod = _megatron_fake(monkeypatch)
     installed = str(versions.megatron_core_version())
     reg = Registry("cpu", allow_unverified=False)
-    reg.add(Patch("t.future", f"{name}:present", "replace", lambda: "new", "feat",
-                  megatron=">=99"))
+    reg.add(Patch("t.later", f"{name}:present", "replace", lambda: "new", "feat",
+                  megatron=">=99", outside="upstream changed it later"))
     reg.add(Patch("t.ok", f"{name}:present", "wrap", wrapper_upper, "feat"))
     reg.activate()
-    failed = reg.result("t.future")
-    assert failed.status == "failed"
-    assert ">=99" in failed.reason and installed in failed.reason and "feat" in failed.reason
+    later = reg.result("t.later")
+    assert later.status == "skipped"
+    assert later.reason == f"for megatron-core >=99, not {installed}: upstream changed it later"
     assert reg.result("t.ok").status == "applied" and mod.present() == "PRESENT"
-    assert reg.feature_problems("feat") == [failed.reason]
+    assert reg.feature_problems("feat") == []
     reg.unpatch()
 
-    strict = Registry("cpu", allow_unverified=False)
-    strict.add(Patch("t.strict", f"{name}:present", "replace", len, "feat", megatron="<0.1",
-                     strict=True))
-    with pytest.raises(PatchError, match="verified on megatron-core <0.1"):
+
+def test_a_release_outside_the_table_fails_unless_allowed(monkeypatch):
+    name, mod = _megatron_fake(monkeypatch)
+    from packaging.version import Version
+
+    reg = Registry("cpu", allow_unverified=False, version_of=lambda module: Version("0.15.0"))
+    reg.add(Patch("t.any", f"{name}:present", "wrap", wrapper_upper, "feat"))
+    reg.activate()
+    failed = reg.result("t.any")
+    assert failed.status == "failed" and "feat" in failed.reason and "0.15.0" in failed.reason
+    assert "ALLOW_UNVERIFIED=1" in failed.reason and reg.feature_problems("feat") == [failed.reason]
+    reg.unpatch()
+
+    strict = Registry("cpu", version_of=lambda module: Version("0.99.0"))
+    strict.add(Patch("t.strict", f"{name}:present", "replace", len, "feat", strict=True))
+    with pytest.raises(PatchError, match="was verified on megatron-core >=0.16.1,<0.20 "):
         strict.activate()
+
+    # allowed: a newer release is treated as the newest of the table, its records are tried
+    tried = Registry("cpu", allow_unverified=True, version_of=lambda module: Version("0.20.1"))
+    tried.add(Patch("t.new", f"{name}:present", "wrap", wrapper_upper, "feat"))
+    tried.add(Patch("t.old", f"{name}:present", "replace", len, "feat", megatron="<0.17"))
+    tried.activate()
+    assert tried.result("t.new").status == "applied" and mod.present() == "PRESENT"
+    assert tried.result("t.old").status == "skipped"
+    tried.unpatch()
+
+
+def test_variants_of_one_patch_apply_by_release_and_may_not_overlap(monkeypatch):
+    name, mod = _megatron_fake(monkeypatch)
+    from packaging.version import Version
+
+    reg = Registry("cpu", version_of=lambda module: Version("0.18.2"))
+    reg.add(Patch("t.moved", f"{name}:present", "replace", lambda: "old", "feat",
+                  megatron=">=0.16.1,<0.18"))
+    reg.add(Patch("t.moved", f"{name}:present", "replace", lambda: "new", "feat",
+                  megatron=">=0.18,<0.20"))
+    with pytest.raises(ValueError, match="overlapping Megatron ranges"):
+        reg.add(Patch("t.moved", f"{name}:present", "replace", len, "feat", megatron=">=0.17"))
+    reg.activate()
+    assert mod.present() == "new"
+    rows = [r for r in reg.results() if r.id == "t.moved"]
+    assert [(r.variant, r.status) for r in rows] == [(">=0.16.1,<0.18", "skipped"),
+                                                     (">=0.18,<0.20", "applied")]
+    assert rows[0].reason == "for megatron-core >=0.16.1,<0.18, not 0.18.2"
+    assert reg.result("t.moved").variant == ">=0.18,<0.20"
+    reg.unpatch()
+    assert mod.present() == "present"
 
 
 def test_missing_target_names_target_feature_and_version(monkeypatch):

@@ -5,17 +5,21 @@ rank has finished writing, so a checkpoint interrupted while being written is ne
 But the tracker is rewritten in place (``open(..., 'w')`` truncates it first): a crash between
 the truncation and the write leaves it empty, and the next job prints "Invalid metadata file"
 and ends with exit status 0 without training. It is written to a temporary file, synced, and
-renamed over the old one (atomic on POSIX file systems).
+renamed over the old one (atomic on POSIX file systems). Upstream opens it through
+``msc_utils.open_file`` (before 0.19) or ``msc_utils.maybe_msc.open`` (0.19): both are hooked,
+for the tracker's name and write mode only.
 """
 
 from __future__ import annotations
 
+import builtins
 import glob
 import os
 
+from ... import compat
+from ...binding import call_arguments
 from ...hookspecs import hookimpl
-from ...registry import Patch
-from .common import CHECKPOINTING, TRACKER, msc_enabled
+from .common import TRACKER, msc_enabled
 
 FEATURE = "checkpoint_safety.atomic_tracker"
 REQUIRED = False
@@ -25,8 +29,9 @@ TMP = ".mmp-tmp-"
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE, f"{CHECKPOINTING}:open_file", "wrap", _open_tracker_atomically, FEATURE,
+    registry.extend(compat.patches(
+        "checkpoint_tracker_open", FEATURE, "wrap",
+        {"open_file": _open_tracker_atomically, "maybe_msc": _maybe_msc_open}, FEATURE,
         why="latest_checkpointed_iteration.txt is replaced atomically, never truncated in place"))
 
 
@@ -35,12 +40,32 @@ def _open_arguments(file=None, mode="r", *_, **__):
     return file, mode
 
 
+def _is_tracker_write(path, mode) -> bool:
+    return (mode == "w" and isinstance(path, (str, os.PathLike))
+            and os.path.basename(os.fspath(path)) == TRACKER and not msc_enabled())
+
+
 def _open_tracker_atomically(wrapped, instance, args, kwargs):
     path, mode = _open_arguments(*args, **kwargs)
-    if (mode == "w" and isinstance(path, (str, os.PathLike))
-            and os.path.basename(os.fspath(path)) == TRACKER and not msc_enabled()):
+    if _is_tracker_write(path, mode):
         return AtomicTextFile(os.fspath(path))
     return wrapped(*args, **kwargs)
+
+
+def _open_with_atomic_tracker(*args, **kwargs):
+    """``maybe_msc.open`` without MSC: the builtin ``open``, the tracker written aside."""
+    path, mode = _open_arguments(*args, **kwargs)
+    if _is_tracker_write(path, mode):
+        return AtomicTextFile(os.fspath(path))
+    return builtins.open(*args, **kwargs)
+
+
+def _maybe_msc_open(wrapped, instance, args, kwargs):
+    """``MaybeMultiStorageClient.__getattr__``: its ``open`` (the builtin, without MSC)."""
+    value = wrapped(*args, **kwargs)
+    if call_arguments(wrapped, args, kwargs).get("name") == "open" and value is builtins.open:
+        return _open_with_atomic_tracker
+    return value
 
 
 class AtomicTextFile:

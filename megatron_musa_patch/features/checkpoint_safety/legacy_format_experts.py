@@ -18,9 +18,11 @@ DESCRIPTION = "--ckpt-format torch refused where it would leave tensor-parallel 
 
 
 @hookimpl
-def mmp_validate_args(args):
+def mmp_validate_args(args, session):
     if getattr(args, "ckpt_format", "torch_dist") != "torch" or not getattr(args, "num_experts", 0):
         return
+    if session.upstream("legacy_checkpoint_saves_every_shard", "megatron.training"):
+        return  # fixed upstream: every (tp, ep) shard has a writer
     if not (getattr(args, "save", None) or getattr(args, "load", None)):
         return
     tp = getattr(args, "tensor_model_parallel_size", 1) or 1

@@ -90,7 +90,11 @@ def _apply_rope(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     from ...ops import rope
 
-    mla = bool(getattr(config, "multi_latent_attention", False))
+    # the MLA channel order: from 0.19 the caller says (mla_rotary_interleaved), before it the
+    # config does (and 0.19 itself falls back to it when the caller passes None)
+    mla = call.get("mla_rotary_interleaved")
+    if mla is None:
+        mla = bool(getattr(config, "multi_latent_attention", False))
     mscale, cu_seqlens, cp_group = call["mscale"], call["cu_seqlens"], call.get("cp_group")
     if cu_seqlens is None:
         return rope.apply_rope_bshd(t, freqs, config.rotary_interleaved, mla, mscale)

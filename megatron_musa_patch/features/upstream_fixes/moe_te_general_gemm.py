@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from ...compat.facts import fixed_upstream
 from ...hookspecs import hookimpl
 from ...registry import Patch
 
@@ -17,9 +18,11 @@ MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 
 @hookimpl
 def mmp_register_patches(registry):
+    until, outside = fixed_upstream("moe_utils_defines_te_names")
     registry.add(Patch(
         FEATURE, f"{MOE_UTILS}:te_general_gemm", "attribute", None, FEATURE, create=True,
-        condition=_undefined, why="define the name the router tests for (None: use torch.mm)"))
+        condition=_undefined, megatron=until, outside=outside,
+        why="define the name the router tests for (None: use torch.mm)"))
 
 
 def _undefined():

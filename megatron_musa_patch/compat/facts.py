@@ -1,0 +1,50 @@
+"""Upstream behaviour that changed between releases, as named version ranges.
+
+A feature asks ``session.upstream(fact)`` (or registers a record with ``fixed_upstream(fact)``)
+instead of comparing version numbers itself.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from packaging.specifiers import SpecifierSet
+
+#: fact -> (the releases where it holds, what it means)
+FACTS: Dict[str, Tuple[str, str]] = {
+    "te_version_without_te": (
+        ">=0.17", "is_te_min_version answers False without TransformerEngine (fixed in 0.17.0)"),
+    "moe_utils_defines_te_names": (
+        ">=0.17", "moe_utils defines te_general_gemm and the fused permute names as None "
+                  "without TE (fixed in 0.17.0)"),
+    "mla_knows_te_is_missing": (
+        ">=0.17", "multi_latent_attention reads HAVE_TE from the TE extension (fixed in 0.17.0)"),
+    "experts_split_unlike_dense_reduced_over_expert_dp": (
+        ">=0.19", "expert weights split unlike the dense layers are reduced over the "
+                  "expert-data-parallel group (fixed in 0.19.0)"),
+    "legacy_checkpoint_saves_every_shard": (
+        ">=0.19", "--ckpt-format torch is written by a rank of every (tp, ep) shard (fixed in "
+                  "0.19.0)"),
+    "local_spec_has_grouped_mlp": (
+        "<0.17", "the local spec builds GroupedMLP for --moe-grouped-gemm (removed in 0.17)"),
+}
+
+
+def holds(fact: str, version) -> bool:
+    """Whether ``fact`` holds for the Megatron ``version`` (False when it is unknown)."""
+    if version is None:
+        return False
+    return str(version) in SpecifierSet(FACTS[fact][0], prereleases=True)
+
+
+def fixed_upstream(fact: str) -> Tuple[str, str]:
+    """For the record of a fix that upstream made later: its range (the releases before the
+    fact holds) and the note ``mmp doctor`` shows outside it."""
+    spec, meaning = FACTS[fact]
+    if not spec.startswith(">="):
+        raise ValueError(f"fact {fact!r} is not an upstream fix ({spec})")
+    return f"<{spec[2:]}", f"not needed: {meaning}"
+
+
+def meaning(fact: str) -> Optional[str]:
+    return FACTS.get(fact, (None, None))[1]

@@ -1,0 +1,102 @@
+"""Where the upstream objects the layer patches live, per release range.
+
+Each logical name maps to its locations: ``(range, target, flavour, rebind)``. ``flavour`` names
+what kind of object is there when it changed (the feature picks the matching implementation);
+``rebind`` lists modules that hold ``from <module> import <name>`` copies. A name that exists
+only in some releases has entries for those alone: the others skip the patch, saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Tuple
+
+from .. import releases
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    range: str
+    target: str
+    flavour: str = ""
+    rebind: Tuple[str, ...] = ()
+
+
+_ALL = releases.VERIFIED_MEGATRON
+
+TARGETS: Dict[str, Tuple[Location, ...]] = {
+    # 0.18 moved it into argument_utils; arguments re-exports it, and 0.19's pretrain_gpt.py
+    # builds the model's config through gpt_config_from_args, which calls it there
+    "core_transformer_config_from_args": (
+        Location(">=0.16.1,<0.18", "megatron.training.arguments:core_transformer_config_from_args"),
+        Location(">=0.18", "megatron.training.argument_utils:core_transformer_config_from_args",
+                 rebind=("megatron.training.arguments", "gpt_builders", "__main__",
+                         "megatron.post_training.model_builder")),
+    ),
+    # 0.18 logs MoE losses through a tracker that reports the names it is given, then clears
+    "moe_metrics_report": (
+        Location(">=0.16.1,<0.18", "megatron.core.transformer.moe.moe_utils:track_moe_metrics"),
+        Location(">=0.18", "megatron.core.transformer.moe.moe_logging:MoEMetricsTracker.report"),
+    ),
+    # the tracker file is opened through msc_utils.open_file, from 0.19 through maybe_msc.open
+    "checkpoint_tracker_open": (
+        Location(">=0.16.1,<0.19", "megatron.training.checkpointing:open_file", "open_file"),
+        Location(">=0.19", "megatron.core.msc_utils:MaybeMultiStorageClient.__getattr__",
+                 "maybe_msc"),
+    ),
+    # the triton kernels of the MoE paged stash, imported by megatron.core itself from 0.18
+    "paged_stash_kernels": (
+        Location(">=0.18,<0.19", "megatron.core.transformer.moe.paged_stash:*"),
+        Location(">=0.19", "megatron.core.transformer.moe.ops.paged_stash:*"),
+    ),
+    # removed in 0.17: the local spec's --moe-grouped-gemm experts, the grouped_gemm glue,
+    # Megatron-LM's legacy fused kernels, and the unguarded triton import of batch-invariant mode
+    "grouped_mlp_forward": (
+        Location(">=0.16.1,<0.17", "megatron.core.transformer.moe.experts:GroupedMLP.forward"),),
+    "grouped_gemm_util": (
+        Location(">=0.16.1,<0.17", "megatron.core.transformer.moe.grouped_gemm_util"),),
+    "legacy_fused_kernels_load": (
+        Location(">=0.16.1,<0.17", "megatron.legacy.fused_kernels:load"),),
+    "batch_invariant_kernels": (
+        Location(">=0.16.1,<0.17",
+                 "megatron.core.transformer.custom_layers.batch_invariant_kernels:*"),),
+}
+
+#: why a name is missing outside its ranges, for ``mmp doctor``
+GONE: Dict[str, str] = {
+    "grouped_mlp_forward": "GroupedMLP was removed in 0.17 (the local spec's --moe-grouped-gemm "
+                           "experts are SequentialMLP there)",
+    "grouped_gemm_util": "grouped_gemm_util was removed in 0.17",
+    "legacy_fused_kernels_load": "megatron.legacy.fused_kernels was removed in 0.17",
+    "batch_invariant_kernels": "upstream guards this triton import from 0.17",
+    "paged_stash_kernels": "megatron.core imports the paged stash's triton kernels from 0.18",
+}
+
+
+def variants(name: str) -> List[Location]:
+    """The locations of ``name``, one per release range."""
+    return list(TARGETS[name])
+
+
+def gone(name: str) -> str:
+    return GONE.get(name, "")
+
+
+def patches(name: str, patch_id: str, kind: str, impl, feature: str, attribute: str = "",
+            **fields) -> list:
+    """The records of one patch on the logical target ``name``: one variant per location, each
+    with its range (``impl`` may map each location's flavour to its implementation;
+    ``attribute`` names the attribute when ``name`` is a module). The releases without ``name``
+    skip the patch with the reason in ``GONE``."""
+    from ..registry import Patch
+
+    extra_rebind = tuple(fields.pop("rebind", ()))
+    outside = fields.pop("outside", "") or gone(name)
+    out = []
+    for location in variants(name):
+        chosen = impl[location.flavour] if isinstance(impl, dict) else impl
+        target = f"{location.target}:{attribute}" if attribute else location.target
+        out.append(Patch(patch_id, target, kind, chosen, feature,
+                         megatron=location.range, outside=outside,
+                         rebind=extra_rebind + location.rebind, **fields))
+    return out
