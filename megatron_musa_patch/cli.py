@@ -15,7 +15,8 @@ USAGE = """mmp <command> [options]
 commands:
   run [torchrun options] SCRIPT [ARGS]   run a training script with the layer active in every rank
   doctor [--all]                         device, versions, and every patch with its status
-  patches [--json]                       the patch table (machine-readable with --json)
+  patches [--json] [--resolve-all]       the patch table (machine-readable with --json); with
+                                         --resolve-all every record's target on this release
   selftest [--layout tp2|pp2|dp2|...]    tiny megatron-core GPT on this device, checked against 1 rank
   data ...                               tokenize, binarize and blend training data
 """
@@ -57,6 +58,10 @@ def _doctor(command: str, rest: List[str]) -> int:
     parser.add_argument("--all", action="store_true", help="one row per patch (no grouping)")
     parser.add_argument("--no-import", action="store_true",
                         help="do not import Megatron's modules (their patches stay deferred)")
+    parser.add_argument("--resolve-all", action="store_true",
+                        help="resolve every record's target on the installed release, whatever "
+                             "the device (MUSA- and CUDA-only records too); exit 1 if one meant "
+                             "for this release does not resolve")
     opts = parser.parse_args(rest)
 
     from . import activation, table
@@ -64,6 +69,14 @@ def _doctor(command: str, rest: List[str]) -> int:
     state = activation.activate()
     if not opts.no_import:
         _import_targets(state)
+    if opts.resolve_all:
+        resolved = table.resolutions(state)
+        if opts.json:
+            print(json.dumps({**table.as_json(state), "resolutions": resolved}, indent=2))
+        else:
+            print(table.render_resolutions(resolved))
+        return 1 if any(r["for_this_release"] and r["status"] in ("missing", "not importable")
+                        for r in resolved) else 0
     if opts.json:
         print(json.dumps(table.as_json(state), indent=2))
     else:

@@ -46,7 +46,17 @@ class FlagNeed:
 def unavailable_error(flag: str, feature: str, why_off: str, because: str = "",
                       instead: str = "") -> FeatureUnavailableError:
     """The one paragraph for "this flag needs feature X, which is off or failed"."""
-    fix = instead or f"remove {flag}"
+    return unavailable_errors([(flag, feature, why_off, because, instead)])
+
+
+def unavailable_errors(found) -> FeatureUnavailableError:
+    """One paragraph for every flag of ``found`` ((flag, feature, why_off, because, instead)
+    each), so a run with several such flags learns all of them at once."""
+    needs = "; ".join(f"{flag} needs the feature '{feature}'{f' ({because})' if because else ''}"
+                      f", which {why_off}" for flag, feature, why_off, because, _ in found)
+    fixes = "; ".join(dict.fromkeys(instead or f"remove {flag}"
+                                    for flag, _, _, _, instead in found))
+    several = len({feature for _, feature, *_ in found}) > 1
     return FeatureUnavailableError(
-        f"{flag} needs the feature '{feature}'{f' ({because})' if because else ''}, which "
-        f"{why_off}. Switch the feature back on (see `mmp doctor`), or {fix}.")
+        f"{needs}. Switch the feature{'s' if several else ''} back on (see `mmp doctor`), or "
+        f"{fixes}.")

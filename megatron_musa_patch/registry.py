@@ -391,15 +391,16 @@ class Registry:
         (``mmp patches --resolve-all``): ("resolved" | "missing" | "not importable" |
         "stand-in", detail). Imports the target module; changes nothing."""
         if patch.kind == "module":
-            if patch.module in sys.modules and not isinstance(
-                    getattr(sys.modules[patch.module].__spec__, "loader", None), _StandInFinder):
-                return "resolved", "the real module is importable: the stand-in is not served"
             try:
-                real = importlib.util.find_spec(patch.module) is not None
+                exists = importlib.util.find_spec(patch.module) is not None
             except (ImportError, ValueError):
-                real = False
-            return ("resolved", "the real module is importable") if real else \
-                ("stand-in", "the module is missing here: the stand-in serves it")
+                exists = False
+            verdict = patch.condition() if patch.condition is not None else True
+            if verdict is True:
+                return "stand-in", ("served in place of upstream's module" if exists else
+                                    "upstream has no such module here: the stand-in serves it")
+            return ("resolved", f"upstream's module is used ({verdict})") if exists else \
+                ("missing", f"no such module, and the stand-in is not served ({verdict})")
         try:
             module = importlib.import_module(patch.module)
         except Exception as exc:  # noqa: BLE001 - reported, this is a diagnostic

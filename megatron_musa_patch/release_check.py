@@ -9,7 +9,6 @@ the wrong core); a checkout's ``megatron.training`` shadowing the one a 0.17+ wh
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -66,8 +65,9 @@ def check(lm_path: Optional[Path], allow_unverified: bool) -> Optional[str]:
     lm_release = releases.release_of(lm)
     if lm_release is None and not allow_unverified:
         raise ReleaseMismatchError(
-            f"MEGATRON_LM_PATH={lm_path} (or the checkout found on sys.path there) is Megatron-LM "
-            f"{lm}, but this layer supports {releases.tags()}. Check out the tag that matches "
+            f"the Megatron-LM checkout at {lm_path} (MEGATRON_LM_PATH, or the first one on "
+            f"sys.path) is Megatron-LM {lm}, but this layer supports {releases.tags()}. Check out "
+            f"the tag that matches "
             f"megatron-core {core} (`git -C {lm_path} checkout {_tag_for(core)}`), or set {ALLOW}.")
     if lm_release is not None and _older(lm_release.python):
         raise ReleaseMismatchError(
@@ -92,26 +92,39 @@ def _tag_for(core) -> str:
     return release.lm_tag if release is not None else releases.newest().lm_tag
 
 
+def _first_on_path(package: str) -> Optional[Path]:
+    """Where ``import megatron.<package>`` would come from by ``sys.path`` order -- found without
+    importing anything: importing ``megatron`` now, before the script's directory joins
+    ``sys.path``, would fix the namespace before the layer can order it."""
+    for entry in sys.path:
+        root = Path(entry or os.getcwd())
+        if (root / "megatron" / package / "__init__.py").is_file():
+            return root.resolve()
+    return None
+
+
+def _wheel_root() -> Optional[Path]:
+    """The directory holding the installed megatron-core distribution's ``megatron/``."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return Path(dist.locate_file("")).resolve()
+
+
 def check_training_source(lm_path: Optional[Path]) -> None:
     """With a megatron-core that ships ``megatron.training`` (0.17+), that is the one imported:
     a checkout earlier on ``sys.path`` must not shadow it."""
     release = releases.release_of(versions.megatron_core_version())
     if release is None or release.training_from != "wheel" or "megatron.training" in sys.modules:
         return
-    try:
-        spec = importlib.util.find_spec("megatron.training")
-    except (ImportError, ValueError):
-        return
-    if spec is None or spec.origin is None:
-        return
-    core_spec = importlib.util.find_spec("megatron.core")
-    wheel_root = Path(core_spec.origin).resolve().parents[1] if core_spec and core_spec.origin \
-        else None
-    found = Path(spec.origin).resolve().parents[1]
-    if wheel_root is not None and found != wheel_root:
+    training, core = _first_on_path("training"), _wheel_root()
+    if training is not None and core is not None and training != core:
         raise ReleaseMismatchError(
-            f"megatron.training would be imported from {found} instead of megatron-core "
-            f"{versions.megatron_core_version()}'s own ({wheel_root}): a Megatron-LM checkout is "
-            f"ahead of site-packages on sys.path (PYTHONPATH, or the working directory). Remove it "
-            f"from there and name it with MEGATRON_LM_PATH instead, which puts it after "
+            f"megatron.training would be imported from {training} instead of megatron-core "
+            f"{versions.megatron_core_version()}'s own ({core}): a Megatron-LM checkout is ahead "
+            f"of site-packages on sys.path (PYTHONPATH, or the working directory). Remove it from "
+            f"there and name it with MEGATRON_LM_PATH instead, which puts it after "
             f"site-packages ({os.environ.get('MEGATRON_LM_PATH') or 'unset now'}).")

@@ -70,3 +70,32 @@ def as_json(state) -> dict:
         "versions": state.versions(),
         "patches": [r.as_dict() for r in state.registry.results()],
     }
+
+
+def resolutions(state) -> List[dict]:
+    """Every record's target resolved on the installed release, whatever the device: one dict
+    per record (``id``, ``variant``, ``target``, ``devices``, ``for_this_release``, ``status``,
+    ``detail``)."""
+    from packaging.specifiers import SpecifierSet
+
+    out = []
+    for patch in state.registry.patches():
+        installed = state.version_of(patch.module)
+        meant = patch.megatron is None or installed is None or \
+            installed in SpecifierSet(patch.megatron, prereleases=True)
+        status, detail = state.registry.resolve(patch)
+        out.append({"id": patch.id, "variant": patch.megatron or "", "target": patch.target,
+                    "feature": patch.feature, "devices": sorted(patch.devices),
+                    "for_this_release": bool(meant), "status": status, "detail": detail})
+    return out
+
+
+def render_resolutions(rows: List[dict]) -> str:
+    bad = [r for r in rows if r["for_this_release"] and r["status"] in ("missing",
+                                                                         "not importable")]
+    lines = [f"{len(rows)} records: {sum(r['status'] == 'resolved' for r in rows)} resolved, "
+             f"{len(bad)} meant for this release do not resolve"]
+    for r in sorted(rows, key=lambda r: (r["status"] == "resolved", r["id"])):
+        release = "" if r["for_this_release"] else " (another release's)"
+        lines.append(f"{r['status']:14} {r['id']}{release} {r['target']} {r['detail']}".rstrip())
+    return "\n".join(lines)

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Sets up .venv for this checkout: the CPU build of torch the project pins, then the package
+# Sets up a virtual environment for this checkout: the pinned build of torch, then the package
 # (a regular install, so the MEGATRON_MUSA_PATCH=1 start-up hook is in place) with the extras
 # for Megatron-LM's training scripts, the data pipeline and the tests. Safe to re-run.
-#   PYTHON=python3.11 TORCH_VERSION=2.13.0 bash scripts/bootstrap.sh
+#   bash scripts/bootstrap.sh                          # .venv: Python 3, megatron-core the newest pip allows
+#   PYTHON=python3.12 VENV=.venv312 MEGATRON_CORE_VERSION=0.19.2 bash scripts/bootstrap.sh
+# MEGATRON_CORE_VERSION is installed first, so the package's requirement (every supported
+# release) keeps it. On Python 3.11 pip's newest megatron-core is 0.16.1; 0.17+ needs 3.12.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+venv=${VENV:-.venv}
 torch_version=${TORCH_VERSION:-2.13.0}
-if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "torch==${torch_version}"
-.venv/bin/python -m pip install --quiet ".[training,data,test]"
-echo "bootstrap: $(.venv/bin/python -c 'import torch, megatron.core as m; print("torch", torch.__version__, "| megatron-core", m.__version__)')"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet "torch==${torch_version}"
+if [ -n "${MEGATRON_CORE_VERSION:-}" ]; then
+  "$venv/bin/python" -m pip install --quiet "megatron-core==${MEGATRON_CORE_VERSION}"
+fi
+"$venv/bin/python" -m pip install --quiet ".[training,data,test]"
+echo "bootstrap ($venv): $("$venv/bin/python" -c 'import sys, torch, megatron.core as m; print("python", sys.version.split()[0], "| torch", torch.__version__, "| megatron-core", m.__version__)' 2>/dev/null)"

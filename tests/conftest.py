@@ -38,6 +38,30 @@ def run_python(code, *, env=None, cwd=None, timeout=300, args=()):
                           text=True, timeout=timeout)
 
 
+#: MMP_STOCK_SUITE=ci runs only the stock tests marked `ci` (the CI-sized subset); unset or
+#: `all`, every stock test runs when MEGATRON_LM_PATH is set
+STOCK_SUITE_ENV = "MMP_STOCK_SUITE"
+
+
+def pytest_collection_modifyitems(config, items):
+    suite = os.environ.get(STOCK_SUITE_ENV, "all").strip().lower() or "all"
+    if suite not in ("all", "ci"):
+        raise pytest.UsageError(f"{STOCK_SUITE_ENV}={suite!r}: use all or ci")
+    if suite == "all":
+        return
+    skip = pytest.mark.skip(reason=f"outside the CI-sized stock subset ({STOCK_SUITE_ENV}=ci); "
+                                   f"unset it to run the whole stock suite")
+    for item in items:
+        if item.get_closest_marker("stock") and not item.get_closest_marker("ci"):
+            item.add_marker(skip)
+
+
+def release_of_installed_core():
+    from megatron_musa_patch import versions
+
+    return releases.release_of(versions.megatron_core_version())
+
+
 @pytest.fixture(scope="session")
 def lm_path():
     value = os.environ.get("MEGATRON_LM_PATH", "")
@@ -47,4 +71,20 @@ def lm_path():
     path = Path(value)
     if not (path / "pretrain_gpt.py").is_file():
         pytest.fail(f"MEGATRON_LM_PATH={value} has no pretrain_gpt.py")
+    from megatron_musa_patch import versions
+
+    core, lm = release_of_installed_core(), releases.release_of(versions.megatron_lm_version(path))
+    if core is None or lm is None or core.series != lm.series:
+        pytest.fail(f"MEGATRON_LM_PATH={value} is Megatron-LM {versions.megatron_lm_version(path)} "
+                    f"but megatron-core {versions.megatron_core_version()} is installed: point it "
+                    f"at the checkout of {core.lm_tag if core else 'a supported tag'}")
     return path
+
+
+@pytest.fixture(scope="session")
+def release():
+    """The supported release under test (releases.Release of the installed megatron-core)."""
+    found = release_of_installed_core()
+    if found is None:
+        pytest.fail("the installed megatron-core is not in the support table (releases.py)")
+    return found

@@ -14,4 +14,4 @@ argument changes need no entry here.
 """
 
 from .facts import FACTS, holds  # noqa: F401
-from .targets import TARGETS, patches, variants  # noqa: F401
+from .targets import TARGETS, load, patches, variants  # noqa: F401

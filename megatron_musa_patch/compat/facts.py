@@ -27,6 +27,13 @@ FACTS: Dict[str, Tuple[str, str]] = {
                   "0.19.0)"),
     "local_spec_has_grouped_mlp": (
         "<0.17", "the local spec builds GroupedMLP for --moe-grouped-gemm (removed in 0.17)"),
+    "hf_tokenizer_fast_by_default": (
+        ">=0.17", "HuggingFaceTokenizer is fast unless --tokenizer-hf-no-use-fast (0.16: slow "
+                  "unless --tokenizer-hf-use-fast)"),
+    "hf_tokenizer_special_tokens_by_default": (
+        ">=0.17", "HuggingFaceTokenizer includes special tokens unless "
+                  "--tokenizer-hf-no-include-special-tokens (0.16: only with "
+                  "--tokenizer-hf-include-special-tokens)"),
 }
 
 

@@ -49,6 +49,12 @@ TARGETS: Dict[str, Tuple[Location, ...]] = {
         Location(">=0.18,<0.19", "megatron.core.transformer.moe.paged_stash:*"),
         Location(">=0.19", "megatron.core.transformer.moe.ops.paged_stash:*"),
     ),
+    # what tools/preprocess_data.py builds its tokenizer with (mmp data prepare does the same)
+    "build_tokenizer": (
+        Location(">=0.16.1,<0.17",
+                 "megatron.core.tokenizers.text.utils.build_tokenizer:build_tokenizer"),
+        Location(">=0.17", "megatron.core.tokenizers.utils.build_tokenizer:build_tokenizer"),
+    ),
     # removed in 0.17: the local spec's --moe-grouped-gemm experts, the grouped_gemm glue,
     # Megatron-LM's legacy fused kernels, and the unguarded triton import of batch-invariant mode
     "grouped_mlp_forward": (
@@ -80,6 +86,23 @@ def variants(name: str) -> List[Location]:
 
 def gone(name: str) -> str:
     return GONE.get(name, "")
+
+
+def load(name: str):
+    """The object ``name`` names in the installed megatron-core (imported now)."""
+    import importlib
+
+    from packaging.specifiers import SpecifierSet
+
+    from .. import versions
+
+    installed = versions.megatron_core_version()
+    for location in variants(name):
+        if installed is None or installed in SpecifierSet(location.range, prereleases=True):
+            module, _, attribute = location.target.partition(":")
+            return getattr(importlib.import_module(module), attribute)
+    raise ImportError(f"{name} has no location for megatron-core {installed} "
+                      f"(compat/targets.py)")
 
 
 def patches(name: str, patch_id: str, kind: str, impl, feature: str, attribute: str = "",

@@ -1,8 +1,8 @@
 """The tokenizer: megatron-core's own builder, its flags, a fingerprint, and batched encoders.
 
 Training (``pretrain_gpt.py``) and ``tools/preprocess_data.py`` build their tokenizer with
-``megatron.core.tokenizers.text.utils.build_tokenizer.build_tokenizer``; so do we, from the same
-flags, so the ids and the ``eod`` token are the ones training expects.
+megatron-core's ``build_tokenizer`` (``compat`` knows where each release has it); so do we, from
+the same flags, so the ids and the ``eod`` token are the ones training expects.
 
 Encoding is where the time goes, so :class:`TextEncoder` picks the fastest path that returns the
 same ids as ``MegatronTokenizer.tokenize``:
@@ -73,8 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer-special-tokens", nargs="+", default=None,
                    help="special tokens (HF additional tokens, legacy SentencePiece, tiktoken)")
     g.add_argument("--tokenizer-sentencepiece-legacy", action="store_true")
-    g.add_argument("--tokenizer-hf-use-fast", action="store_true")
-    g.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
+    # both releases' spellings; the default is the installed release's (0.16: off, 0.17+: on)
+    g.add_argument("--tokenizer-hf-use-fast", dest="tokenizer_hf_use_fast",
+                   action="store_true", default=None)
+    g.add_argument("--tokenizer-hf-no-use-fast", dest="tokenizer_hf_use_fast",
+                   action="store_false")
+    g.add_argument("--tokenizer-hf-include-special-tokens",
+                   dest="tokenizer_hf_include_special_tokens", action="store_true", default=None)
+    g.add_argument("--tokenizer-hf-no-include-special-tokens",
+                   dest="tokenizer_hf_include_special_tokens", action="store_false")
+    g.add_argument("--tokenizer-sentencepiece-ignore-extra-whitespaces", type=_bool, default=True,
+                   help=argparse.SUPPRESS)
+    g.add_argument("--chat-template", default=None, help=argparse.SUPPRESS)
     g.add_argument("--trust-remote-code", action="store_true")
     g.add_argument("--tiktoken-pattern", default=None)
     g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
@@ -88,21 +98,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)
 
 
+def _bool(text: str) -> bool:
+    return str(text).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _release_default(value, fact: str) -> bool:
+    """A flag left unset takes the installed release's default (``compat.facts``)."""
+    if value is not None:
+        return bool(value)
+    from ..compat import facts
+    from ..versions import megatron_core_version
+
+    return facts.holds(fact, megatron_core_version())
+
+
 def builder_args(args) -> SimpleNamespace:
-    """The namespace ``build_tokenizer`` reads (what preprocess_data.py hands it)."""
+    """The namespace ``build_tokenizer`` reads (what preprocess_data.py hands it), under the
+    attribute names of every supported release (0.17 and 0.18 renamed some)."""
+    use_fast = _release_default(args.tokenizer_hf_use_fast, "hf_tokenizer_fast_by_default")
+    special = _release_default(args.tokenizer_hf_include_special_tokens,
+                               "hf_tokenizer_special_tokens_by_default")
     return SimpleNamespace(
         tokenizer_type=args.tokenizer_type, tokenizer_model=args.tokenizer_model,
         vocab_file=args.vocab_file, merge_file=args.merge_file, vocab_size=args.vocab_size,
-        tokenizer_metadata=args.tokenizer_metadata,
+        tokenizer_metadata=args.tokenizer_metadata, metadata_path=args.tokenizer_metadata,
         tokenizer_special_tokens=args.tokenizer_special_tokens,
+        special_tokens=args.tokenizer_special_tokens,
         tokenizer_sentencepiece_legacy=args.tokenizer_sentencepiece_legacy,
-        tokenizer_hf_use_fast=args.tokenizer_hf_use_fast,
-        tokenizer_hf_include_special_tokens=args.tokenizer_hf_include_special_tokens,
+        tokenizer_sentencepiece_ignore_extra_whitespaces=getattr(
+            args, "tokenizer_sentencepiece_ignore_extra_whitespaces", True),
+        tokenizer_hf_use_fast=use_fast, tokenizer_hf_no_use_fast=not use_fast,
+        tokenizer_hf_include_special_tokens=special,
+        tokenizer_hf_no_include_special_tokens=not special,
+        chat_template=getattr(args, "chat_template", None),
         trust_remote_code=args.trust_remote_code, tiktoken_pattern=args.tiktoken_pattern,
         tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
         tiktoken_special_tokens=args.tiktoken_special_tokens,
         legacy_tokenizer=False, rank=1, make_vocab_size_divisible_by=128,
-        tensor_model_parallel_size=1, vocab_extra_ids=0)
+        tensor_model_parallel_size=1, vocab_extra_ids=0, pad_vocab_size=True,
+        padded_vocab_size=None)
 
 
 def check_arguments(args) -> None:
@@ -148,7 +182,9 @@ def build(args):
     with warnings.catch_warnings():
         # megatron.core's package import warns about TE/Apex, irrelevant to tokenizing
         warnings.simplefilter("ignore")
-        from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+        from ..compat import load
+
+        build_tokenizer = load("build_tokenizer")
     try:
         with redirect_stdout(io.StringIO()):
             return build_tokenizer(builder_args(args))

@@ -18,7 +18,7 @@ import functools
 
 from .. import compat
 from ..binding import call_arguments
-from ..flag_needs import unavailable_error
+from ..flag_needs import unavailable_errors
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -84,7 +84,9 @@ def _flag_name(action) -> str:
 
 
 def check_flag_needs(session, args) -> None:
-    """A flag in effect whose feature is switched off or broken is an error (one paragraph)."""
+    """Flags in effect whose feature is switched off or broken are an error: one paragraph
+    naming every such flag."""
+    found = []
     for feature, plugin in session.plugins.list_name_plugin():
         if plugin is None or not hasattr(plugin, "FEATURE"):
             continue  # a blocked plugin, or the built-in device choice
@@ -93,10 +95,12 @@ def check_flag_needs(session, args) -> None:
             continue
         for action in session.flag_owners.get(feature, ()):
             if getattr(args, action.dest, action.default) != action.default:
-                raise unavailable_error(_flag_name(action), feature, why)
+                found.append((_flag_name(action), feature, why, "", ""))
         for need in getattr(plugin, "FLAG_NEEDS", ()):
             if need.applies(args, session.device.name):
-                raise unavailable_error(need.flag, feature, why, need.because, need.instead)
+                found.append((need.flag, feature, why, need.because, need.instead))
+    if found:
+        raise unavailable_errors(found)
 
 
 def _transformer_config(session, wrapped, instance, args, kwargs):

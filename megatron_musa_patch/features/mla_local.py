@@ -10,14 +10,25 @@ accepts the two arguments and sets exactly those.
 
 ``multi_latent_attention`` also sets ``HAVE_TE = True`` whenever megatron-core's TE extension
 module imports, which it does without TE (its classes are then None), and then calls
-``isinstance(..., TELinear)`` with ``TELinear = None``: without TE the flag is set False.
+``isinstance(..., TELinear)`` with ``TELinear = None``: without TE the flag is set False (before
+0.17, which reads TE's own flag).
+
+From 0.19, ``--qk-layernorm`` without a query LoRA (``--q-lora-rank`` unset, as in
+DeepSeek-V2-Lite) normalises the query projection's input with a fused norm+linear, which only
+TransformerEngine provides (``LayerNormColumnParallelLinear``): the local spec fails ("qk_layernorm
+requires TransformerEngine"), and it also passes a standalone Q norm the Q/KV norm resolver
+refuses. The local backend gets the same module made of a norm and megatron-core's
+``ColumnParallelLinear`` (parameters named as TE names them, ``layer_norm_weight``), and the
+resolver is handed the empty Q-norm slot TE's spec gives it: the same model as with TE.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
-from ..binding import call_arguments
+from ..binding import call_arguments, has_parameter
 from ..compat.facts import fixed_upstream
 from ..conditions import te_missing
 from ..flag_needs import FlagNeed
@@ -47,6 +58,74 @@ def mmp_register_patches(registry):
         "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
         "attribute", False, FEATURE, condition=te_missing, megatron=until, outside=outside,
         why="its TE names are None without TE; the module believed TE was there"))
+    registry.extend(_norm_linear_records())
+
+
+def _norm_linear_records():
+    return [Patch(
+        "mla_local.fused_q_norm",
+        "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.__init__", "wrap",
+        _with_local_fused_q_norm, FEATURE, megatron=">=0.19",
+        outside="the Q/KV norm resolver exists from 0.19",
+        why="MLA without a query LoRA: the query projection's fused norm, built from "
+            "megatron-core's own layers where TE's is missing (as TE's spec resolves it)")]
+
+
+@functools.lru_cache(maxsize=None)
+def norm_linear_class():
+    """megatron-core's ColumnParallelLinear after a norm of its input: TE's
+    LayerNormColumnParallelLinear for the local backend."""
+    import torch
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    from ..ops import norm
+
+    class LayerNormColumnParallelLinear(ColumnParallelLinear):
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            accepted = {k: v for k, v in kwargs.items()
+                        if has_parameter(ColumnParallelLinear.__init__, k)}
+            super().__init__(input_size, output_size, config=config, **accepted)
+            self.normalization = config.normalization
+            self.eps = config.layernorm_epsilon
+            self.zero_centered_gamma = bool(getattr(config, "layernorm_zero_centered_gamma",
+                                                    False))
+            dtype = config.params_dtype
+            self.layer_norm_weight = torch.nn.Parameter(
+                torch.zeros(input_size, dtype=dtype) if self.zero_centered_gamma
+                else torch.ones(input_size, dtype=dtype))
+            self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=dtype)) \
+                if self.normalization == "LayerNorm" else None
+            for param in (self.layer_norm_weight, self.layer_norm_bias):
+                if param is not None:  # replicated across TP: reduced like TE's norm weights
+                    setattr(param, "sequence_parallel", bool(config.sequence_parallel))
+
+        def forward(self, input_, *args, **kwargs):
+            weight = self.layer_norm_weight + 1 if self.zero_centered_gamma \
+                else self.layer_norm_weight
+            if self.normalization == "RMSNorm":
+                normed = norm.rms_norm(input_, weight, self.eps)
+            else:
+                normed = norm.layer_norm(input_, weight, self.layer_norm_bias, self.eps)
+            return super().forward(normed, *args, **kwargs)
+
+    return LayerNormColumnParallelLinear
+
+
+def _with_local_fused_q_norm(wrapped, instance, args, kwargs):
+    """The resolver of one MLA layer: without a query LoRA the local spec's standalone Q norm
+    (which the resolver refuses) is left out, and the fused norm+linear it then asks the backend
+    for is ours when the backend has none. Other layers and specs are not touched."""
+    call = call_arguments(wrapped, args, kwargs)
+    config, submodules = call["config"], call["submodules"]
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    no_q_lora = config.q_lora_rank is None
+    norm_slot = getattr(submodules, "q_layernorm", None)
+    if no_q_lora and norm_slot not in (None, IdentityOp) and dataclasses.is_dataclass(submodules):
+        call["submodules"] = dataclasses.replace(submodules, q_layernorm=IdentityOp)
+    wrapped(**call)
+    if no_q_lora and config.qk_layernorm and instance.fused_norm_linear_impl is None:
+        instance.fused_norm_linear_impl = norm_linear_class()
 
 
 def _accept_k_v_channels(wrapped, instance, args, kwargs):

@@ -41,5 +41,6 @@ def test_flag_of_the_switched_off_feature_fails_clearly(lm_path):
         run_stock(lm_path, ["--use-flash-attn"], iters=1, nproc=1,  # one rank: an unmixed log
                   env={"MEGATRON_MUSA_PATCH_DISABLE": "flash_attention"})
     message = " ".join(str(failed.value).split())
-    assert "--use-flash-attn with --transformer-impl local needs the 'flash_attention' feature" \
-        in message
+    assert ("--use-flash-attn needs the feature 'flash_attention' (with --transformer-impl local: "
+            "upstream's local attention has no flash path and would ignore the flag), which is "
+            "switched off") in message

@@ -53,7 +53,7 @@ def host_share(log):
 
 @pytest.mark.parametrize("name,flags,share", [
     ("f1", OFFLOAD, 1.0),
-    ("f0.5+overlap", HALF_OVERLAP, 0.5),
+    pytest.param("f0.5+overlap", HALF_OVERLAP, 0.5, marks=pytest.mark.ci),
 ])
 def test_dp2_offload_matches_the_distributed_optimizer(runs, name, flags, share):
     reference = runs("dp2", DISTOPT)[0]
@@ -85,11 +85,8 @@ def test_save_and_resume_with_the_state_half_on_the_host(runs, lm_path, tmp_path
                                 iters=ITERS)
     assert re.search(r"successfully loaded checkpoint from .* at iteration 3", log), log[-3000:]
     assert first == {i: continuous[i] for i in (1, 2, 3)}
-    # the second logged line of a job is the mean of its first two iterations (Megatron-LM),
-    # printed to 6 decimals from unrounded values
-    assert sorted(resumed) == [4, 5, 6], resumed
-    assert resumed[4] == continuous[4] and resumed[6] == continuous[6], (resumed, continuous)
-    assert abs(resumed[5] - (continuous[4] + continuous[5]) / 2) <= 1.5e-6, (resumed, continuous)
+    # every line is its own iteration's loss (upstream_fixes.log_loss_reset): line for line
+    assert resumed == {i: continuous[i] for i in (4, 5, 6)}, (resumed, continuous)
 
 
 def test_bf16_precision_aware_without_te(runs):

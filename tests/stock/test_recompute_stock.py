@@ -55,7 +55,8 @@ def baseline(lm_path):
     return get
 
 
-@pytest.mark.parametrize("flags", [ALL, ["--attn-recompute", "--recompute-variance"],
+@pytest.mark.parametrize("flags", [pytest.param(ALL, marks=pytest.mark.ci),
+                                   ["--attn-recompute", "--recompute-variance"],
                                    ["--mlp-recompute"], ["--recompute-variance"]],
                          ids=["all", "attn+variance", "mlp", "variance"])
 def test_tp2_bitwise_equal_to_no_recompute(lm_path, baseline, flags):

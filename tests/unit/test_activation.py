@@ -168,3 +168,13 @@ def test_one_fusion_off_leaves_the_others_on():
     assert proc.returncode == 0, proc.stderr
     off = set(eval(proc.stdout.strip()))
     assert not any(f.startswith("fused_ops.") for f in off) and "recompute" in off
+
+
+def test_activation_imports_no_megatron_module():
+    """The layer orders sys.path when ``megatron`` is first imported (a launcher puts the script's
+    directory, often a checkout, first after activation); importing it during activation would
+    fix the namespace package's order before that (the start-up hook route)."""
+    proc = run_python("import sys, megatron_musa_patch\n"
+                      "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

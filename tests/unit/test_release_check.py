@@ -102,18 +102,20 @@ def test_a_checkout_shadowing_the_wheels_training(installed, tmp_path, monkeypat
     installed("0.19.2")
     root = checkout(tmp_path, "0.19.1")
     (root / "megatron" / "core" / "__init__.py").write_text("")
-    import importlib.util
-    import types
+    wheel = tmp_path / "site-packages"
+    for package in ("core", "training"):
+        (wheel / "megatron" / package).mkdir(parents=True)
+        (wheel / "megatron" / package / "__init__.py").write_text("")
+    import sys
 
-    def find_spec(name):
-        base = root if name == "megatron.training" else tmp_path / "site-packages"
-        return types.SimpleNamespace(origin=str(base / "megatron" / name.split(".")[1] /
-                                                "__init__.py"))
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.delitem(__import__("sys").modules, "megatron.training", raising=False)
+    monkeypatch.setattr(release_check, "_wheel_root", lambda: wheel.resolve())
+    monkeypatch.delitem(sys.modules, "megatron.training", raising=False)
+    monkeypatch.setattr(sys, "path", [str(root), str(wheel)])
     with pytest.raises(ReleaseMismatchError, match="megatron.training would be imported from .* "
                                                    "instead of megatron-core 0.19.2's own"):
         release_check.check_training_source(root)
+    monkeypatch.setattr(sys, "path", [str(wheel), str(root)])
+    release_check.check_training_source(root)  # the layer's order: the wheel first
+    monkeypatch.setattr(sys, "path", [str(root), str(wheel)])
     installed("0.16.1")
     release_check.check_training_source(root)  # 0.16 ships no training: the checkout's is right
