@@ -16,61 +16,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List
 
 import numpy as np
 
-from .inputs import read_lines
 from .bytelevel import FastPathMismatch
+from .inputs import read_lines
 from .tokenizer import TextEncoder
+from .types import ChunkResult, Packed, Settings, Task
+
+__all__ = ["BadLine", "ChunkResult", "Packed", "Settings", "Task", "init_worker", "pack", "prime",
+           "process_chunk"]
 
 MAX_BAD_EXAMPLES = 20
-
-
-@dataclass(frozen=True)
-class Settings:
-    json_keys: Tuple[str, ...]
-    append_eod: bool
-    skip_bad_lines: bool
-    dtype: str  # numpy dtype name of the .bin file
-    eod: Optional[int]
-    vocab_size: Optional[int]
-    allow_fast: bool = True
-
-
-@dataclass(frozen=True)
-class Task:
-    file_index: int
-    chunk_index: int
-    path: str
-    kind: str
-    start: int
-    end: int
-
-
-@dataclass
-class Packed:
-    """One key's documents of a chunk, as the builder stores them."""
-    tokens: np.ndarray          # output dtype
-    seq_lengths: np.ndarray     # int32, one per sequence (sentence)
-    doc_seq_counts: np.ndarray  # int64, sequences per document
-
-
-@dataclass
-class ChunkResult:
-    file_index: int
-    chunk_index: int
-    first_offset: int = 0       # byte offset of the chunk's first line
-    unit: str = "line"          # what ``index`` counts in bad/fatal: line | element
-    documents: int = 0
-    tokens: int = 0
-    nbytes: int = 0
-    blank: int = 0
-    bad_count: int = 0
-    bad: List[Tuple[int, str]] = field(default_factory=list)
-    fatal: Optional[Tuple[int, str, str]] = None  # (index, what is wrong, fix)
-    keys: List[Packed] = field(default_factory=list)
 
 
 class BadLine(Exception):

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from . import manifest
-from .encode import Packed
+from .types import Packed
 
 TMP = ".mmp-tmp-"
 
