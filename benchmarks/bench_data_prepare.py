@@ -209,10 +209,10 @@ def commands(tool, corpus, prefix, args):
 
 
 def count(prefix: str):
-    from megatron_musa_patch.data.writer import indexed_dataset
+    from megatron_musa_patch.data.indexfile import read_index
 
-    ds = indexed_dataset().IndexedDataset(prefix, mmap=True)
-    return int(ds.index.sequence_lengths.sum(dtype="int64")), len(ds.document_indices) - 1
+    index = read_index(prefix + ".idx")
+    return int(index.sequence_lengths.sum(dtype="int64")), len(index.document_indices) - 1
 
 
 def same(a: str, b: str) -> bool:

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace, stream=None) -> Summary:
                         f"{args.tokenizer_model or ''}) has no end-of-document token. Fix: give "
                         "it an eos token (e.g. eos_token in tokenizer_config.json) or drop "
                         "--append-eod.")
-    dtype = tokenizer.output_dtype(tok)
+    dtype = tokenizer.output_dtype(tok.vocab_size)
     settings = encode.Settings(tuple(args.json_keys), bool(args.append_eod),
                                bool(args.skip_bad_lines), np.dtype(dtype).name, tok.eod,
                                tok.vocab_size, allow_fast=not args.exact_tokenize)

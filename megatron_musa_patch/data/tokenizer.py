@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import bytelevel
+from . import bytelevel, indexfile
 from .errors import DataError
 
 # what megatron-core 0.16's build_tokenizer knows how to build
@@ -176,17 +176,13 @@ def _load_failure(args, exc: Exception) -> str:
     return msg
 
 
-def output_dtype(tokenizer):
+def output_dtype(vocab_size: Optional[int]):
     """The index dtype preprocess_data.py picks: uint16 below 65500 tokens, else int32."""
-    from .writer import indexed_dataset
-
-    DType = indexed_dataset().DType
-    vocab = tokenizer.vocab_size
-    if vocab is not None and vocab > np.iinfo(np.int32).max:
-        raise DataError(f"the tokenizer reports {vocab} tokens, more than the int32 index of "
-                        "Megatron's .bin format can hold. Fix: use a tokenizer whose vocabulary "
-                        "fits in 2**31 - 1 ids.")
-    return DType.optimal_dtype(vocab)
+    if vocab_size is not None and vocab_size > np.iinfo(np.int32).max:
+        raise DataError(f"the tokenizer reports {vocab_size} tokens, more than the int32 index "
+                        "of Megatron's .bin format can hold. Fix: use a tokenizer whose "
+                        "vocabulary fits in 2**31 - 1 ids.")
+    return indexfile.optimal_dtype(vocab_size)
 
 
 def fingerprint(args) -> dict:

@@ -13,9 +13,9 @@ DATA = Path(__file__).resolve().parents[2] / "megatron_musa_patch" / "data"
 
 #: bottom to top; a module may import modules of the layers below its own, not of its own or above
 LAYERS = [
-    {"errors", "types", "manifest", "progress", "reference", "bytelevel"},
-    {"inputs", "writer"},
-    {"tokenizer", "train_tokenizer", "blend"},
+    {"errors", "types", "indexfile", "manifest", "progress", "reference", "bytelevel"},
+    {"inputs", "tokenizer", "writer"},
+    {"train_tokenizer", "blend"},
     {"encode"},
     {"prepare"},
     {"cli"},
