@@ -22,7 +22,6 @@ import numpy as np
 
 from .bytelevel import FastPathMismatch
 from .inputs import read_lines
-from .tokenizer import TextEncoder
 from .types import ChunkResult, Packed, Settings, Task
 
 __all__ = ["BadLine", "ChunkResult", "Packed", "Settings", "Task", "init_worker", "pack", "prime",
@@ -41,22 +40,30 @@ class BadLine(Exception):
 _STATE: dict = {}
 
 
-def prime(settings: Settings, tokenizer) -> None:
-    """Set the worker state in this process; forked workers inherit it (no second load)."""
+def prime(settings: Settings, encoder) -> None:
+    """Set the worker state in this process; forked workers inherit it (no second load).
+    ``encoder``: a ``tokenizer.TextEncoder`` or a ``light.LightEncoder`` (``.encode(texts)``)."""
     _STATE["settings"] = settings
-    _STATE["encoder"] = TextEncoder(tokenizer, allow_fast=settings.allow_fast)
+    _STATE["encoder"] = encoder
 
 
-def init_worker(settings: Settings, tokenizer_args) -> None:
+def init_worker(settings: Settings, source) -> None:
     """Pool initializer: Ctrl-C is the main process's to handle; one tokenizer thread per worker
-    (the worker processes are the parallelism, as in preprocess_data.py)."""
+    (the worker processes are the parallelism, as in preprocess_data.py). ``source`` is what a
+    spawned worker builds its encoder from: a ``light.LightSpec`` (tokenizer.json alone), or the
+    tokenizer flags for megatron-core's builder."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    if _STATE.get("settings") != settings:  # spawned, not forked: build it here
-        from .tokenizer import build
+    if _STATE.get("settings") != settings:  # spawned, not forked: build it here, once
+        from . import light
 
-        prime(settings, build(tokenizer_args))
+        if isinstance(source, light.LightSpec):
+            prime(settings, light.LightEncoder(source))
+        else:
+            from .tokenizer import TextEncoder, build
+
+            prime(settings, TextEncoder(build(source), allow_fast=settings.allow_fast))
 
 
 def encoder_path() -> str:
@@ -102,7 +109,7 @@ def process_chunk(task: Task) -> ChunkResult:
             column.append(value)
         doc_index.append(index)
 
-    encoder: TextEncoder = _STATE["encoder"]
+    encoder = _STATE["encoder"]
     dtype = np.dtype(settings.dtype)
     while True:  # restarted when a document the tokenizer rejects is skipped
         result.keys, result.tokens = [], 0
@@ -142,7 +149,7 @@ def _sentences(column: list, nested: bool):
     return counts, [s for v in column for s in (v if isinstance(v, list) else (v,))]
 
 
-def _locate_failure(encoder: TextEncoder, column: list, exc: Exception):
+def _locate_failure(encoder, column: list, exc: Exception):
     """The first document whose text the tokenizer rejects, and why."""
     if isinstance(exc, FastPathMismatch):
         raise exc  # our bug, not the document's: never skipped

@@ -3,9 +3,14 @@
 megatron-core's ``indexed_dataset`` module imports torch (and, through the ``megatron.core``
 package, most of megatron-core): seconds of start-up for what is a header and three arrays. This
 module holds the format so that ``mmp data prepare`` and ``mmp data blend`` start without it.
-It is checked against megatron-core, not trusted blindly: the tests write the same documents
-with megatron-core's ``IndexedDatasetBuilder`` and compare the bytes, and read pairs back with
-its ``IndexedDataset`` (``tests/data/test_units.py``).
+It is checked against megatron-core, not trusted blindly:
+
+* the tests write the same documents with megatron-core's ``IndexedDatasetBuilder`` and compare
+  the bytes, and read pairs back with its ``IndexedDataset`` (``tests/data/test_units.py``);
+* ``light.check_in_process`` (once per tokenizer and library versions) compares the header, the
+  dtype codes and ``DType.optimal_dtype`` with the installed megatron-core's and writes a small
+  index both ways, so a format change upstream turns the fast start-up off instead of writing
+  files training cannot read.
 
 Layout (little-endian), as megatron-core's ``_IndexWriter`` writes it: the magic, version 1
 (``<Q``), the token dtype code (``<B``), the sequence count and the document count (``<Q`` each),

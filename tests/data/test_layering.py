@@ -15,7 +15,7 @@ DATA = Path(__file__).resolve().parents[2] / "megatron_musa_patch" / "data"
 LAYERS = [
     {"errors", "types", "indexfile", "manifest", "progress", "reference", "bytelevel"},
     {"inputs", "tokenizer", "writer"},
-    {"train_tokenizer", "blend"},
+    {"light", "train_tokenizer", "blend"},
     {"encode"},
     {"prepare"},
     {"cli"},
