@@ -348,7 +348,7 @@ def _process(args, todo: List[FilePlan], settings, dtype, summary: Summary, stre
     size = inputs.chunk_size_for(total, args.workers, args.chunk_size)
     tasks = []
     for fi, plan in enumerate(todo):
-        plan.chunks = inputs.chunks(plan.file, size)
+        plan.chunks = inputs.chunks(plan.file, size, inputs.FIRST_CHUNK if fi == 0 else 0)
         tasks.extend(encode.Task(fi, ci, plan.file.path, plan.file.kind, s, e)
                      for ci, (s, e) in enumerate(plan.chunks))
     window = 2 * args.workers

@@ -24,9 +24,15 @@ def test_chunks_partition_lines_exactly(tmp_path, trailing_newline):
     path = tmp_path / "f.jsonl"
     path.write_bytes(data)
     f = inputs.InputFile(str(path), "jsonl", len(data))
-    for size in (1, 7, 64, 333, 4096, len(data) + 10):
+    for size, first_bytes in ((1, 0), (7, 0), (64, 0), (333, 0), (4096, 0), (len(data) + 10, 0),
+                              (333, 5), (4096, 100), (64, 64), (64, 1000)):
+        ranges = inputs.chunks(f, size, first_bytes)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
+        if 0 < first_bytes < size < len(data):
+            assert ranges[0] == (0, first_bytes) and ranges[1][1] - ranges[1][0] == size
         got, firsts = [], []
-        for start, end in inputs.chunks(f, size):
+        for start, end in ranges:
             first, chunk_lines = inputs.read_lines(str(path), start, end)
             if chunk_lines:
                 firsts.append((first, len(got)))
