@@ -9,7 +9,8 @@
 # (4) a tokenizer (mmp data train-tokenizer), (5) .bin/.idx pairs (mmp data prepare),
 # (6) DATA_PATH (mmp data blend), (7) training with the stock pretrain_gpt.py through `mmp run`
 # on 2 CPU ranks in TP2, stopping half-way with a checkpoint, (8) resuming from it to the end,
-# then the loss curve and throughput (tokens/s per device, MFU).
+# then the loss curve and throughput (tokens/s per device, MFU). Each step prints how long it
+# took, and the end a table of all of them with the total.
 #
 # Megatron-LM (tag core_v0.16.1) is found through MEGATRON_LM_PATH, then the cache
 # ${MMP_CACHE_DIR:-~/.cache/megatron_musa_patch}/Megatron-LM-core_v0.16.1, then a shallow
@@ -51,9 +52,23 @@ done
 case "$ITERS" in ''|*[!0-9]*) echo "quickstart: --iters must be a number >= 4" >&2; exit 2 ;; esac
 [ "$ITERS" -ge 4 ] || { echo "quickstart: --iters must be a number >= 4" >&2; exit 2; }
 HALF=$((ITERS / 2))
-START=$(date +%s)
-NSTEP=0
-step() { NSTEP=$((NSTEP + 1)); printf '\n== [%s] %s\n' "$NSTEP" "$*"; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+START=$(now)
+NSTEP=0 STEP_START="" STEP_NAME="" TIMES=()
+end_step() {  # the duration of the step that is running, printed and kept for the table
+  [ -n "$STEP_START" ] || return 0
+  local took
+  took=$(elapsed "$STEP_START" "$(now)")
+  printf -- '-- [%s] took %s s\n' "$NSTEP" "$took"
+  TIMES+=("$(printf '%6s s  [%s] %s' "$took" "$NSTEP" "$STEP_NAME")")
+  STEP_START=""
+}
+step() {
+  end_step
+  NSTEP=$((NSTEP + 1)) STEP_NAME="$*" STEP_START=$(now)
+  printf '\n== [%s] %s\n' "$NSTEP" "$*"
+}
 die() { printf '\nquickstart: error: %s\n' "$*" >&2; exit 1; }
 
 # --------------------------------------------------------------------------- 1. environment
@@ -66,18 +81,20 @@ else
 Python >= 3.10 with venv, and pip access to PyPI for torch, megatron-core and the extras"
   PY=$REPO/.venv/bin/python
 fi
-# the package without activating it here (importing megatron_musa_patch activates the layer)
-MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 "$PY" -c \
-  "import megatron_musa_patch, megatron.core, tokenizers, transformers" 2>/dev/null || die \
-  "$PY cannot import megatron_musa_patch, megatron.core, tokenizers and transformers. Install \
-them there (pip install \"$REPO[training,data]\"), or drop --python to let scripts/bootstrap.sh \
-make .venv"
+# the packages are there (found, not imported: importing megatron.core and transformers takes
+# seconds here, and the steps below import what each needs)
+"$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in \
+('megatron_musa_patch', 'megatron.core', 'tokenizers', 'transformers', 'torch')))" \
+  2>/dev/null || die "$PY cannot import megatron_musa_patch, megatron.core, tokenizers, \
+transformers and torch. Install them there (pip install \"$REPO[training,data]\"), or drop \
+--python to let scripts/bootstrap.sh make .venv"
 mmp() { "$PY" -c 'import _megatron_musa_patch_boot as boot; boot.cli()' "$@"; }
 CORES=$(nproc 2>/dev/null || echo 2)
 THREADS=$((CORES / 2)); [ "$THREADS" -ge 1 ] || THREADS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS}  # 2 ranks share the cores
 export MEGATRON_MUSA_PATCH_DEVICE=${MEGATRON_MUSA_PATCH_DEVICE:-cpu}
-echo "$("$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__)')"\
+echo "$("$PY" -c 'import sys; from importlib.metadata import version as v
+print("python", sys.version.split()[0], "| torch", v("torch"), "| megatron-core", v("megatron-core"))')"\
 " | device $MEGATRON_MUSA_PATCH_DEVICE | OMP_NUM_THREADS=$OMP_NUM_THREADS"
 
 # --------------------------------------------------------------------------- 2. Megatron-LM
@@ -155,6 +172,14 @@ if [ -n "$LM" ]; then
   # a tiny Llama: RMSNorm, SwiGLU, GQA, RoPE, no biases, untied embeddings, on the local (no
   # TransformerEngine) spec with upstream's fusion defaults (the layer's fused ops) and core
   # attention through SDPA.
+  # Two choices keep start-up and saving out of the way at this size (measured on 2 cores):
+  # - the fused ops run their eager formulas: torch.compile of the RMSNorm (chosen by size on
+  #   the CPU) took 45 s in the first job and 18 s in the resumed one, for 40 iterations of
+  #   0.4 s that it does not make faster; set MEGATRON_MUSA_PATCH_OPS yourself to override;
+  # - the legacy torch checkpoint format: torch_dist's writer starts a spawned multiprocessing
+  #   Manager on every rank at each save, which re-imports pretrain_gpt.py (7 s a save here, 30 ms
+  #   for the torch format). Resume is bit for bit in both (tests/stock/test_reliability_resume.py).
+  export MEGATRON_MUSA_PATCH_OPS=${MEGATRON_MUSA_PATCH_OPS:-eager}
   ARGS=(
     --transformer-impl local --use-flash-attn
     --num-layers 4 --hidden-size 128 --ffn-hidden-size 352 --num-attention-heads 4
@@ -168,7 +193,7 @@ if [ -n "$LM" ]; then
     --data-path $DATA_PATH --split 100,0,0 --data-cache-path data-cache
     --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer
     --log-interval 1 --eval-iters 0 --eval-interval 1000000
-    --save checkpoints --save-interval "$HALF"
+    --save checkpoints --save-interval "$HALF" --ckpt-format torch
   )
   step "train with the stock pretrain_gpt.py (mmp run, 2 CPU ranks, TP2): iterations 1-$HALF, then a checkpoint"
   run_logged train-1.log mmp "${TORCHRUN[@]}" "$LM/pretrain_gpt.py" "${ARGS[@]}" --exit-interval "$HALF"
@@ -209,5 +234,8 @@ fi
 step "loss curve and throughput ($PATH_TAKEN)"
 if [ -n "$LM" ]; then LOGS=(train-1.log train-2.log); else LOGS=(train-1.log); fi
 "$PY" "$HERE/summarize.py" "${LOGS[@]}" --json summary.json || die "training did not learn (see above)"
+end_step
 echo
-echo "quickstart finished in $(( $(date +%s) - START )) s; everything is in $WORKDIR"
+echo "time per step:"
+printf '  %s\n' "${TIMES[@]}"
+echo "quickstart finished in $(elapsed "$START" "$(now)") s; everything is in $WORKDIR"

@@ -4,8 +4,9 @@
 # for Megatron-LM's training scripts, the data pipeline and the tests. Safe to re-run.
 #   bash scripts/bootstrap.sh                          # .venv: Python 3, megatron-core the newest pip allows
 #   PYTHON=python3.12 VENV=.venv312 MEGATRON_CORE_VERSION=0.19.2 bash scripts/bootstrap.sh
-# MEGATRON_CORE_VERSION is installed first, so the package's requirement (every supported
-# release) keeps it. On Python 3.11 pip's newest megatron-core is 0.16.1; 0.17+ needs 3.12.
+# MEGATRON_CORE_VERSION is pinned in the same pip run, so the package's requirement (every
+# supported release) keeps it. On Python 3.11 pip's newest megatron-core is 0.16.1; 0.17+ needs
+# Python 3.12.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -14,10 +15,17 @@ torch_version=${TORCH_VERSION:-2.13.0}
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet "torch==${torch_version}"
-if [ -n "${MEGATRON_CORE_VERSION:-}" ]; then
-  "$venv/bin/python" -m pip install --quiet "megatron-core==${MEGATRON_CORE_VERSION}"
+# the pip a venv comes with is enough from 23 on (upgrading it costs a download and a pip run)
+if ! "$venv/bin/python" -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 23)'; then
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
 fi
-"$venv/bin/python" -m pip install --quiet ".[training,data,test]"
-echo "bootstrap ($venv): $("$venv/bin/python" -c 'import sys, torch, megatron.core as m; print("python", sys.version.split()[0], "| torch", torch.__version__, "| megatron-core", m.__version__)' 2>/dev/null)"
+pins=("torch==${torch_version}")
+if [ -n "${MEGATRON_CORE_VERSION:-}" ]; then
+  pins+=("megatron-core==${MEGATRON_CORE_VERSION}")
+fi
+# one pip run for the pins and the package: one resolution, one start-up
+"$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,test]"
+# versions from the installed metadata: importing torch and megatron.core would take seconds
+echo "bootstrap ($venv): $("$venv/bin/python" -c 'import sys
+from importlib.metadata import version as v
+print("python", sys.version.split()[0], "| torch", v("torch"), "| megatron-core", v("megatron-core"))')"

@@ -1,8 +1,11 @@
 """``mmp data blend``: check ``.bin/.idx`` pairs and print the weighted ``DATA_PATH``.
 
-Every pair is opened with megatron-core's ``IndexedDataset`` (what training opens) and checked
-beyond it: the ``.idx`` has exactly the size its counts imply, sequence pointers follow the
-lengths, and the ``.bin`` holds exactly the bytes the index points at. The result is printed as
+Every pair's index is read with the checks megatron-core's ``IndexedDataset`` makes when training
+opens it (magic, version, dtype code, arrays as long as the counts; ``indexfile``, without
+importing megatron-core, which costs seconds), and checked beyond them: the ``.idx`` has exactly
+the size its counts imply, sequence pointers follow the lengths, and the ``.bin`` holds exactly
+the bytes the index points at (``tests/data/test_blend.py`` opens the same pairs with
+``IndexedDataset``). The result is printed as
 ``W1 PREFIX1 W2 PREFIX2 ...`` for ``--data-path``, or written one pair per line to a file for
 ``--data-args-path``. Weights are the shard's tokens (default), documents, or 1 each; Megatron
 normalizes them. A damaged or empty shard stops the command unless ``--skip-bad-shards``.
@@ -19,9 +22,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from . import indexfile
 from .errors import DataError
-
-HEADER = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +81,7 @@ def collect(paths: List[str]) -> List[str]:
 
 
 def check(prefix: str) -> Shard:
-    """Open the pair like training does, then check that its sizes add up."""
+    """Read the index with the checks training makes, then check that its sizes add up."""
     shard = Shard(prefix)
     for ext in (".bin", ".idx"):
         if not os.path.exists(prefix + ext):
@@ -89,24 +91,17 @@ def check(prefix: str) -> Shard:
         shard.problem = "empty (.bin has no tokens)"
         return shard
     try:
-        from .writer import indexed_dataset
-
-        module = indexed_dataset()
-        DType = module.DType
-        ds = module.IndexedDataset(prefix, mmap=True)
+        index = indexfile.read_index(prefix + ".idx")
     except Exception as exc:  # noqa: BLE001 - any failure to open is damage
         shard.problem = f"damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
         return shard
-    index = ds.index
     lengths = index.sequence_lengths.astype(np.int64)
     pointers = index.sequence_pointers
     docs = index.document_indices
-    itemsize = DType.size(index.dtype)
+    itemsize = index.dtype.itemsize
     shard.documents = int(docs.size - 1)
     shard.tokens = int(lengths.sum())
-    expected_idx = HEADER + lengths.size * (4 + 8) + docs.size * 8
-    if index.sequence_modes is not None:
-        expected_idx += lengths.size
+    expected_idx = indexfile.HEADER_BYTES + lengths.size * (4 + 8) + docs.size * 8
     problems = []
     if os.path.getsize(prefix + ".idx") != expected_idx:
         problems.append(f".idx is {os.path.getsize(prefix + '.idx')} bytes, its counts imply "
@@ -125,7 +120,6 @@ def check(prefix: str) -> Shard:
         shard.problem = "damaged (" + "; ".join(problems) + ")"
     elif shard.documents == 0 or shard.tokens == 0:
         shard.problem = f"empty ({shard.documents} documents, {shard.tokens} tokens)"
-    del ds
     return shard
 
 

@@ -16,61 +16,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List
 
 import numpy as np
 
-from .inputs import read_lines
 from .bytelevel import FastPathMismatch
-from .tokenizer import TextEncoder
+from .inputs import read_lines
+from .types import ChunkResult, Packed, Settings, Task
+
+__all__ = ["BadLine", "ChunkResult", "Packed", "Settings", "Task", "init_worker", "pack", "prime",
+           "process_chunk"]
 
 MAX_BAD_EXAMPLES = 20
-
-
-@dataclass(frozen=True)
-class Settings:
-    json_keys: Tuple[str, ...]
-    append_eod: bool
-    skip_bad_lines: bool
-    dtype: str  # numpy dtype name of the .bin file
-    eod: Optional[int]
-    vocab_size: Optional[int]
-    allow_fast: bool = True
-
-
-@dataclass(frozen=True)
-class Task:
-    file_index: int
-    chunk_index: int
-    path: str
-    kind: str
-    start: int
-    end: int
-
-
-@dataclass
-class Packed:
-    """One key's documents of a chunk, as the builder stores them."""
-    tokens: np.ndarray          # output dtype
-    seq_lengths: np.ndarray     # int32, one per sequence (sentence)
-    doc_seq_counts: np.ndarray  # int64, sequences per document
-
-
-@dataclass
-class ChunkResult:
-    file_index: int
-    chunk_index: int
-    first_offset: int = 0       # byte offset of the chunk's first line
-    unit: str = "line"          # what ``index`` counts in bad/fatal: line | element
-    documents: int = 0
-    tokens: int = 0
-    nbytes: int = 0
-    blank: int = 0
-    bad_count: int = 0
-    bad: List[Tuple[int, str]] = field(default_factory=list)
-    fatal: Optional[Tuple[int, str, str]] = None  # (index, what is wrong, fix)
-    keys: List[Packed] = field(default_factory=list)
 
 
 class BadLine(Exception):
@@ -83,22 +40,30 @@ class BadLine(Exception):
 _STATE: dict = {}
 
 
-def prime(settings: Settings, tokenizer) -> None:
-    """Set the worker state in this process; forked workers inherit it (no second load)."""
+def prime(settings: Settings, encoder) -> None:
+    """Set the worker state in this process; forked workers inherit it (no second load).
+    ``encoder``: a ``tokenizer.TextEncoder`` or a ``light.LightEncoder`` (``.encode(texts)``)."""
     _STATE["settings"] = settings
-    _STATE["encoder"] = TextEncoder(tokenizer, allow_fast=settings.allow_fast)
+    _STATE["encoder"] = encoder
 
 
-def init_worker(settings: Settings, tokenizer_args) -> None:
+def init_worker(settings: Settings, source) -> None:
     """Pool initializer: Ctrl-C is the main process's to handle; one tokenizer thread per worker
-    (the worker processes are the parallelism, as in preprocess_data.py)."""
+    (the worker processes are the parallelism, as in preprocess_data.py). ``source`` is what a
+    spawned worker builds its encoder from: a ``light.LightSpec`` (tokenizer.json alone), or the
+    tokenizer flags for megatron-core's builder."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    if _STATE.get("settings") != settings:  # spawned, not forked: build it here
-        from .tokenizer import build
+    if _STATE.get("settings") != settings:  # spawned, not forked: build it here, once
+        from . import light
 
-        prime(settings, build(tokenizer_args))
+        if isinstance(source, light.LightSpec):
+            prime(settings, light.LightEncoder(source))
+        else:
+            from .tokenizer import TextEncoder, build
+
+            prime(settings, TextEncoder(build(source), allow_fast=settings.allow_fast))
 
 
 def encoder_path() -> str:
@@ -144,7 +109,7 @@ def process_chunk(task: Task) -> ChunkResult:
             column.append(value)
         doc_index.append(index)
 
-    encoder: TextEncoder = _STATE["encoder"]
+    encoder = _STATE["encoder"]
     dtype = np.dtype(settings.dtype)
     while True:  # restarted when a document the tokenizer rejects is skipped
         result.keys, result.tokens = [], 0
@@ -184,7 +149,7 @@ def _sentences(column: list, nested: bool):
     return counts, [s for v in column for s in (v if isinstance(v, list) else (v,))]
 
 
-def _locate_failure(encoder: TextEncoder, column: list, exc: Exception):
+def _locate_failure(encoder, column: list, exc: Exception):
     """The first document whose text the tokenizer rejects, and why."""
     if isinstance(exc, FastPathMismatch):
         raise exc  # our bug, not the document's: never skipped

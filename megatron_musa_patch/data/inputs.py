@@ -121,12 +121,22 @@ def chunk_size_for(total_bytes: int, workers: int, requested: int = 0) -> int:
     return max(64 << 10, min(1 << 20, per_worker))
 
 
-def chunks(file: InputFile, chunk_bytes: int) -> List[Tuple[int, int]]:
-    """Byte ranges ``[start, end)`` covering ``file``; whole-file kinds get one range."""
+#: the first chunk of a run: small, so the first tokens are written (and the progress moves)
+#: a moment after the workers start instead of after a whole 1 MiB chunk
+FIRST_CHUNK = 64 << 10
+
+
+def chunks(file: InputFile, chunk_bytes: int, first_bytes: int = 0) -> List[Tuple[int, int]]:
+    """Byte ranges ``[start, end)`` covering ``file``; whole-file kinds get one range. With
+    ``first_bytes`` smaller than ``chunk_bytes``, the first range is that long."""
     if file.kind in ("json_array", "txt_file") or file.size <= chunk_bytes:
         return [(0, file.size)]
-    return [(start, min(start + chunk_bytes, file.size))
-            for start in range(0, file.size, chunk_bytes)]
+    head = []
+    start = 0
+    if 0 < first_bytes < chunk_bytes:
+        head, start = [(0, first_bytes)], first_bytes
+    return head + [(s, min(s + chunk_bytes, file.size))
+                   for s in range(start, file.size, chunk_bytes)]
 
 
 def read_lines(path: str, start: int, end: int) -> Tuple[int, List[bytes]]:

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import encode, inputs, manifest, tokenizer
+from . import encode, inputs, light, manifest, tokenizer
 from .bytelevel import FastPathMismatch
 from .errors import DataError, line_number, where
 from .progress import Progress
@@ -102,11 +102,126 @@ class Summary:
     tokens: int = 0
     seconds: float = 0.0
     encoder_path: str = ""
+    #: how the tokenizer was loaded: "builder" (megatron-core's), "light-checked" (tokenizer.json
+    #: alone, a cached check), "light-checking" (tokenizer.json alone, checked during the run)
+    tokenizer_source: str = ""
+    redone: bool = False  # the check disagreed with the values the run started on
+
+
+@dataclass
+class Chosen:
+    """The tokenizer of a run: its values, the encoder the workers inherit, what a spawned worker
+    builds from, and the check still running (``light``), if any."""
+    eod: Optional[int]
+    vocab_size: Optional[int]
+    encoder: object
+    worker_source: object  # light.LightSpec, or the flags for megatron-core's builder
+    source: str            # see Summary.tokenizer_source
+    pending: Optional[light.PendingCheck] = None
+    spec: Optional[light.LightSpec] = None
+
+    def confirm(self, progress: Optional[Progress] = None) -> None:
+        """Before anything is committed: the check must agree with what the run used."""
+        if self.pending is None:
+            return
+        if progress is not None and self.pending.running():
+            progress.line("prepare: waiting for the check of the tokenizer against "
+                          "megatron-core's builder (once per tokenizer; cached afterwards)")
+        record = self.pending.result()
+        self.pending = None
+        if not light.same_as_guess(self.spec, record):
+            raise Redo(record)
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+
+
+class Redo(Exception):
+    """The check's answer differs from the values the run started on: start again with it."""
+
+    def __init__(self, record: dict):
+        super().__init__("the tokenizer check disagreed")
+        self.record = record
+
+
+def choose_tokenizer(args, fingerprint: dict, record: Optional[dict] = None) -> Chosen:
+    """``light`` when tokenizer.json can stand in for megatron-core's builder (a cached check
+    says so, or the check starts now in a subprocess), else megatron-core's builder."""
+    tokenizer.check_arguments(args)
+    path = None if args.exact_tokenize else light.tokenizer_json(args)
+    if path is not None:
+        key = light.record_key(fingerprint)
+        record = record or light.load_record(key)
+        if record is None and _megatron_core_loaded():
+            # its import is already paid for in this process (a script, the tests): check now
+            record = light.check_in_process(args)
+            light.save_record(key, record)
+        if record is not None and record.get("ok"):
+            spec = light.spec_from_record(path, record)
+            try:
+                return Chosen(spec.eod, spec.vocab_size, light.LightEncoder(spec), spec,
+                              "light-checked")
+            except DataError:
+                pass  # not the backend that was checked: megatron-core's builder decides
+        if record is None:
+            spec = light.guess(path, args)
+            if spec is not None:
+                pending = light.PendingCheck(args, key)  # first: it takes the longest
+                try:
+                    encoder = light.LightEncoder(spec)
+                except BaseException:
+                    pending.cancel()
+                    raise
+                return Chosen(spec.eod, spec.vocab_size, encoder, spec, "light-checking",
+                              pending, spec)
+    tok = tokenizer.build(args)
+    return Chosen(tok.eod, tok.vocab_size,
+                  tokenizer.TextEncoder(tok, allow_fast=not args.exact_tokenize), args, "builder")
+
+
+def _megatron_core_loaded() -> bool:
+    return "megatron.core" in sys.modules
+
+
+SOURCE_NOTE = {
+    "builder": "megatron-core's builder",
+    "light-checked": "tokenizer.json alone, checked against megatron-core's builder",
+    "light-checking": "tokenizer.json alone; checking it against megatron-core's builder "
+                      "meanwhile (first use)",
+}
 
 
 def run(args: argparse.Namespace, stream=None) -> Summary:
     stream = stream or sys.stderr
     _check_flags(args)
+    fingerprint = tokenizer.fingerprint(args)
+    chosen = choose_tokenizer(args, fingerprint)
+    try:
+        try:
+            try:
+                return _run(args, stream, chosen, fingerprint)
+            except DataError:
+                # a problem met with guessed values may be the guess's: the check decides
+                chosen.confirm()
+                raise
+        except Redo as redo:
+            chosen.cancel()
+            if not args.no_progress:
+                why = redo.record.get("why") or "other eod, vocabulary or configuration"
+                print(f"prepare: megatron-core's builder disagrees with the values read from "
+                      f"tokenizer_config.json ({why}); nothing was kept, redoing the run with "
+                      "its answer", file=stream, flush=True)
+            chosen = choose_tokenizer(args, fingerprint, record=redo.record)
+            summary = _run(args, stream, chosen, fingerprint)
+            summary.redone = True
+            return summary
+    finally:
+        chosen.cancel()
+
+
+def _run(args, stream, chosen: Chosen, fingerprint: dict) -> Summary:
     files = inputs.expand(args.input, txt_whole_file=args.txt_whole_file)
     summary = Summary()
     plans = []
@@ -119,23 +234,22 @@ def run(args: argparse.Namespace, stream=None) -> Summary:
             continue
         plans.append(FilePlan(f, prefixes))
 
-    tok = tokenizer.build(args)
-    if args.append_eod and tok.eod is None:
+    if args.append_eod and chosen.eod is None:
         raise DataError(f"--append-eod: the tokenizer ({args.tokenizer_type} "
                         f"{args.tokenizer_model or ''}) has no end-of-document token. Fix: give "
                         "it an eos token (e.g. eos_token in tokenizer_config.json) or drop "
                         "--append-eod.")
-    dtype = tokenizer.output_dtype(tok)
+    dtype = tokenizer.output_dtype(chosen.vocab_size)
     settings = encode.Settings(tuple(args.json_keys), bool(args.append_eod),
-                               bool(args.skip_bad_lines), np.dtype(dtype).name, tok.eod,
-                               tok.vocab_size, allow_fast=not args.exact_tokenize)
-    if tok.eod is not None and args.append_eod:
+                               bool(args.skip_bad_lines), np.dtype(dtype).name, chosen.eod,
+                               chosen.vocab_size, allow_fast=not args.exact_tokenize)
+    if chosen.eod is not None and args.append_eod:
         info = np.iinfo(dtype)
-        if not info.min <= tok.eod <= info.max:
-            raise DataError(f"--append-eod: the eod id {tok.eod} does not fit the {dtype.__name__} "
-                            f"index chosen for vocab_size {tok.vocab_size}. Fix: use a "
-                            "tokenizer whose vocab_size covers its eod id.")
-    common = {"tokenizer": tokenizer.fingerprint(args), "json_keys": list(args.json_keys),
+        if not info.min <= chosen.eod <= info.max:
+            raise DataError(f"--append-eod: the eod id {chosen.eod} does not fit the "
+                            f"{dtype.__name__} index chosen for vocab_size {chosen.vocab_size}. "
+                            "Fix: use a tokenizer whose vocab_size covers its eod id.")
+    common = {"tokenizer": fingerprint, "json_keys": list(args.json_keys),
               "append_eod": bool(args.append_eod), "skip_bad_lines": bool(args.skip_bad_lines),
               "dtype": settings.dtype, "level": LEVEL}
 
@@ -150,16 +264,18 @@ def run(args: argparse.Namespace, stream=None) -> Summary:
         else:
             todo.append(plan)
 
-    encode.prime(settings, tok)
-    summary.encoder_path = encode.encoder_path()
+    encode.prime(settings, chosen.encoder)
+    summary.encoder_path = chosen.encoder.path
+    summary.tokenizer_source = chosen.source
     if not args.no_progress:
         print(f"prepare: {len(files)} input file(s), {len(todo)} to do"
               f"{f', {len(summary.skipped_done)} already done' if summary.skipped_done else ''}"
-              f"; tokenizer {args.tokenizer_type} ({summary.encoder_path}), "
-              f"{settings.dtype} ids, {args.workers} workers", file=stream, flush=True)
+              f"; tokenizer {args.tokenizer_type} ({summary.encoder_path}; "
+              f"{SOURCE_NOTE[chosen.source]}), {settings.dtype} ids, {args.workers} workers",
+              file=stream, flush=True)
     start = time.monotonic()
     if todo:
-        _process(args, todo, settings, dtype, summary, stream)
+        _process(args, todo, settings, dtype, summary, stream, chosen)
     summary.seconds = time.monotonic() - start
     summary.written = [p for p in todo if p.documents]  # (empty ones are in skipped_empty)
     summary.documents = sum(p.documents for p in summary.written)
@@ -226,12 +342,13 @@ def _context():
     return multiprocessing.get_context("fork" if "fork" in methods else None)
 
 
-def _process(args, todo: List[FilePlan], settings, dtype, summary: Summary, stream) -> None:
+def _process(args, todo: List[FilePlan], settings, dtype, summary: Summary, stream,
+             chosen: Chosen) -> None:
     total = sum(p.file.size for p in todo)
     size = inputs.chunk_size_for(total, args.workers, args.chunk_size)
     tasks = []
     for fi, plan in enumerate(todo):
-        plan.chunks = inputs.chunks(plan.file, size)
+        plan.chunks = inputs.chunks(plan.file, size, inputs.FIRST_CHUNK if fi == 0 else 0)
         tasks.extend(encode.Task(fi, ci, plan.file.path, plan.file.kind, s, e)
                      for ci, (s, e) in enumerate(plan.chunks))
     window = 2 * args.workers
@@ -240,7 +357,7 @@ def _process(args, todo: List[FilePlan], settings, dtype, summary: Summary, stre
     progress = None
     executor = cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=_context(),
                                       initializer=encode.init_worker,
-                                      initargs=(settings, args))
+                                      initargs=(settings, chosen.worker_source))
     next_task = 0
     try:
         while next_task < len(tasks) and len(pending) < window:
@@ -274,6 +391,7 @@ def _process(args, todo: List[FilePlan], settings, dtype, summary: Summary, stre
                     plan.bad.append(f"{_location(task, result, index)}: {reason}")
             progress.update(result.nbytes, result.documents, result.tokens)
             if task.chunk_index == len(plan.chunks) - 1:
+                chosen.confirm(progress)  # nothing is committed before the check agrees
                 _finish(plan, writers, args, summary, progress)
                 writers = None
     except BaseException:

@@ -28,13 +28,14 @@ import io
 import os
 import warnings
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from itertools import chain
 from types import SimpleNamespace
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import bytelevel
+from . import bytelevel, indexfile
 from .errors import DataError
 
 # what megatron-core 0.16's build_tokenizer knows how to build
@@ -212,17 +213,13 @@ def _load_failure(args, exc: Exception) -> str:
     return msg
 
 
-def output_dtype(tokenizer):
+def output_dtype(vocab_size: Optional[int]):
     """The index dtype preprocess_data.py picks: uint16 below 65500 tokens, else int32."""
-    from .writer import indexed_dataset
-
-    DType = indexed_dataset().DType
-    vocab = tokenizer.vocab_size
-    if vocab is not None and vocab > np.iinfo(np.int32).max:
-        raise DataError(f"the tokenizer reports {vocab} tokens, more than the int32 index of "
-                        "Megatron's .bin format can hold. Fix: use a tokenizer whose vocabulary "
-                        "fits in 2**31 - 1 ids.")
-    return DType.optimal_dtype(vocab)
+    if vocab_size is not None and vocab_size > np.iinfo(np.int32).max:
+        raise DataError(f"the tokenizer reports {vocab_size} tokens, more than the int32 index "
+                        "of Megatron's .bin format can hold. Fix: use a tokenizer whose "
+                        "vocabulary fits in 2**31 - 1 ids.")
+    return indexfile.optimal_dtype(vocab_size)
 
 
 def fingerprint(args) -> dict:
@@ -267,6 +264,8 @@ class TextEncoder:
     def __init__(self, tokenizer, allow_fast: bool = True):
         self.tokenizer = tokenizer
         self.path = "generic"
+        self.hf_params: Optional[HFParams] = None  # set when the HF fast path was examined
+        self.hf_backend = None
         self._encode = self._encode_generic
         if allow_fast:
             for setup in (self._setup_hf, self._setup_sp):
@@ -312,60 +311,12 @@ class TextEncoder:
         if any(getattr(type(hf), s, None) is not getattr(PreTrainedTokenizerFast, s, None)
                for s in steps):
             return None
-        # what transformers sets on the backend before each call (no truncation, no padding)
-        backend.no_truncation()
-        backend.no_padding()
-        if hasattr(backend, "encode_special_tokens"):
-            backend.encode_special_tokens = bool(getattr(hf, "split_special_tokens", False))
-        with_special = bool(lib.include_special_tokens)
-        canonical = None
-        if not with_special:
-            canonical = _canonical_ids(backend, len(hf), hf.unk_token_id)
-            if np.array_equal(canonical, np.arange(canonical.size)):
-                canonical = None  # the usual case: every token string names its own id
-        limit = self.BATCH_CHARS
-
-        def finish(ids, lens, texts):
-            flat = np.array(ids, dtype=np.int64)
-            if canonical is not None and flat.size:
-                if flat.max() >= canonical.size:  # an id the table does not cover: be exact
-                    return self._encode_generic(texts)
-                flat = canonical[flat]
-                if flat.size and flat.min() < 0:
-                    return self._encode_generic(texts)
-            return flat, lens
-
-        one = None if with_special else bytelevel.build(backend)
-        if one is not None:
-            def encode_cached(texts):
-                ids: List[int] = []
-                lens = np.empty(len(texts), dtype=np.int64)
-                for k, text in enumerate(texts):
-                    e = one(text)
-                    ids += e
-                    lens[k] = len(e)
-                return finish(ids, lens, texts)
-
-            return "hf-piece-cache", encode_cached
-
-        def encode(texts):
-            ids: List[int] = []
-            lens = np.empty(len(texts), dtype=np.int64)
-            i = 0
-            while i < len(texts):
-                j, chars = i, 0
-                while j < len(texts) and (j == i or chars < limit):
-                    chars += len(texts[j])
-                    j += 1
-                for k, enc in enumerate(backend.encode_batch(texts[i:j],
-                                                             add_special_tokens=with_special)):
-                    e = enc.ids
-                    ids += e
-                    lens[i + k] = len(e)
-                i = j
-            return finish(ids, lens, texts)
-
-        return "hf-batch", encode
+        params = HFParams(with_special=bool(lib.include_special_tokens),
+                          split_special=bool(getattr(hf, "split_special_tokens", False)),
+                          size=len(hf), unk=hf.unk_token_id)
+        self.hf_params = params
+        self.hf_backend = backend
+        return hf_encoder(backend, params, generic=self._encode_generic)
 
     # --- SentencePiece (megatron-core's wrapper, non-legacy)
     def _setup_sp(self):
@@ -400,6 +351,92 @@ class TextEncoder:
         except Exception:  # noqa: BLE001 - a fast path that cannot run is simply not used
             return False
         return all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+@dataclass(frozen=True)
+class HFParams:
+    """What the fast path takes from transformers' tokenizer object besides its Rust backend."""
+    with_special: bool   # megatron's include_special_tokens: ids of tokenizer(text), not tokenize
+    split_special: bool  # transformers' split_special_tokens (the backend's encode_special_tokens)
+    size: int            # len(tokenizer): the ids convert_tokens_to_ids knows
+    unk: Optional[int]   # what convert_tokens_to_ids gives for an unknown token string
+
+
+def configure_backend(backend, params: HFParams) -> None:
+    """What transformers sets on the backend before each call (no truncation, no padding)."""
+    backend.no_truncation()
+    backend.no_padding()
+    if hasattr(backend, "encode_special_tokens"):
+        backend.encode_special_tokens = params.split_special
+
+
+def canonical_table(backend, params: HFParams) -> Optional[np.ndarray]:
+    """The id -> id table ``convert_tokens_to_ids(tokenize(text))`` applies to the backend's ids;
+    None when it is the identity (the usual case) or not applied (special tokens included)."""
+    if params.with_special:
+        return None
+    canonical = _canonical_ids(backend, params.size, params.unk)
+    if np.array_equal(canonical, np.arange(canonical.size)):
+        return None  # every token string names its own id
+    return canonical
+
+
+def hf_encoder(backend, params: HFParams, generic=None):
+    """``(path name, encode)`` over a Hugging Face Rust backend, with the ids megatron-core's
+    ``tokenize`` gives for a PreTrainedTokenizerFast with these ``params``. ``generic`` is the
+    exact text-by-text encoder, for the texts the canonical table cannot map; without one
+    (``light``: no megatron-core tokenizer in this process) a non-identity table is refused."""
+    configure_backend(backend, params)
+    with_special = params.with_special
+    canonical = canonical_table(backend, params)
+    if canonical is not None and generic is None:
+        raise ValueError("this tokenizer maps some token strings to other ids; the exact "
+                         "tokenizer is needed for those texts")
+    limit = TextEncoder.BATCH_CHARS
+
+    def finish(ids, lens, texts):
+        flat = np.array(ids, dtype=np.int64)
+        if canonical is not None and flat.size:
+            if flat.max() >= canonical.size:  # an id the table does not cover: be exact
+                return generic(texts)
+            flat = canonical[flat]
+            if flat.size and flat.min() < 0:
+                return generic(texts)
+        return flat, lens
+
+    one = None if with_special else bytelevel.build(backend)
+    if one is not None:
+        def encode_cached(texts):
+            ids: List[int] = []
+            lens = np.empty(len(texts), dtype=np.int64)
+            for k, text in enumerate(texts):
+                e = one(text)
+                ids += e
+                lens[k] = len(e)
+            return finish(ids, lens, texts)
+
+        return "hf-piece-cache", encode_cached
+
+    def encode(texts):
+        ids: List[int] = []
+        lens = np.empty(len(texts), dtype=np.int64)
+        i = 0
+        while i < len(texts):
+            j, chars = i, 0
+            while j < len(texts) and (j == i or chars < limit):
+                chars += len(texts[j])
+                j += 1
+            for k, enc in enumerate(backend.encode_batch(texts[i:j],
+                                                         add_special_tokens=with_special)):
+                e = enc.ids
+                ids += e
+                lens[i + k] = len(e)
+            i = j
+        return finish(ids, lens, texts)
+
+    return "hf-batch", encode
+
+
 
 
 def _flatten(lists) -> Tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,8 @@
-"""One ``.bin/.idx`` pair, written aside with megatron-core's IndexedDatasetBuilder and renamed
-into place only when complete.
+"""One ``.bin/.idx`` pair, written aside and renamed into place only when complete.
+
+The ``.bin`` is the token ids, appended chunk by chunk; the ``.idx`` is written at the end in
+Megatron's index format (``indexfile``: the bytes megatron-core's IndexedDatasetBuilder writes,
+without importing megatron-core, whose import costs seconds of start-up).
 
 While a pair is being written its files are ``<prefix>.bin.mmp-tmp-<pid>`` and
 ``<prefix>.idx.mmp-tmp-<pid>``. Commit removes the old manifest and ``.idx`` first, then renames
@@ -11,25 +14,15 @@ from __future__ import annotations
 
 import glob
 import os
-import warnings
 from array import array
 from typing import Optional
 
 import numpy as np
 
-from . import manifest
-from .encode import Packed
+from . import indexfile, manifest
+from .types import Packed
 
 TMP = ".mmp-tmp-"
-
-
-def indexed_dataset():
-    """megatron-core's indexed_dataset module (its package import warns about TE/Apex, which
-    reading and writing token files does not use)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from megatron.core.datasets import indexed_dataset as module
-    return module
 
 
 class PairWriter:
@@ -40,29 +33,31 @@ class PairWriter:
         remove_stale_temporaries(prefix)
         self.tmp_bin = f"{prefix}.bin{TMP}{os.getpid()}"
         self.tmp_idx = f"{prefix}.idx{TMP}{os.getpid()}"
-        self.builder = indexed_dataset().IndexedDatasetBuilder(self.tmp_bin, dtype=dtype)
+        self.dtype = np.dtype(dtype)
+        self.data_file = open(self.tmp_bin, "wb")
         # compact storage for the per-sequence index (4-8 bytes an entry instead of a Python
-        # int object); the builder only extends, measures and iterates these
-        self.builder.sequence_lengths = array("i")  # itemsize 4: int32 bytes append as-is
-        self.builder.document_indices = array("q", [0])  # itemsize 8: int64
+        # int object)
+        self.sequence_lengths = array("i")  # itemsize 4: int32 bytes append as-is
+        self.document_indices = array("q", [0])  # itemsize 8: int64
         self.documents = 0
         self.tokens = 0
 
     def add(self, packed: Packed) -> None:
         """Append a chunk's documents: the same bytes and index entries as calling
-        ``builder.add_document(doc_ids, sentence_lens)`` once per document (which
+        ``IndexedDatasetBuilder.add_document(doc_ids, sentence_lens)`` once per document (which
         preprocess_data.py does), in one write."""
-        b = self.builder
-        b.data_file.write(packed.tokens.tobytes(order="C"))
-        base = len(b.sequence_lengths)
-        b.sequence_lengths.frombytes(packed.seq_lengths.astype(np.int32).tobytes())
+        self.data_file.write(packed.tokens.tobytes(order="C"))  # already in the output dtype
+        base = len(self.sequence_lengths)
+        self.sequence_lengths.frombytes(packed.seq_lengths.astype(np.int32).tobytes())
         ends = base + np.cumsum(packed.doc_seq_counts, dtype=np.int64)
-        b.document_indices.frombytes(ends.tobytes())
+        self.document_indices.frombytes(ends.tobytes())
         self.documents += int(packed.doc_seq_counts.size)
         self.tokens += int(packed.tokens.size)
 
     def commit(self, record: Optional[dict]) -> None:
-        self.builder.finalize(self.tmp_idx)
+        self.data_file.close()
+        indexfile.write_index(self.tmp_idx, self.dtype, self.sequence_lengths,
+                              self.document_indices)
         manifest.clear(self.prefix)
         for suffix in (".idx", ".bin"):
             if os.path.exists(self.prefix + suffix):
@@ -77,7 +72,7 @@ class PairWriter:
 
     def abort(self) -> None:
         try:
-            self.builder.data_file.close()
+            self.data_file.close()
         except Exception:  # noqa: BLE001 - best effort clean-up
             pass
         for path in (self.tmp_bin, self.tmp_idx):

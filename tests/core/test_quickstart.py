@@ -66,6 +66,23 @@ def test_core_training_learns_and_resumes_exactly(ci_run):
     assert "quickstart finished" in proc.stdout
 
 
+def test_each_step_prints_its_time_and_the_total(ci_run):
+    import re
+
+    proc, _ = ci_run
+    took = {int(n): float(t) for n, t in re.findall(r"^-- \[(\d+)\] took ([0-9.]+) s$",
+                                                   proc.stdout, re.M)}
+    assert sorted(took) == list(range(1, 10)), proc.stdout[-3000:]
+    table = proc.stdout.split("time per step:\n", 1)[1]
+    rows = re.findall(r"^ +([0-9.]+) s  \[(\d+)\] (.+)$", table, re.M)
+    assert [int(n) for _, n, _ in rows] == list(range(1, 10))
+    assert {int(n): float(t) for t, n, _ in rows} == took  # the table repeats the step lines
+    assert rows[4][2] == "tokenize and binarize: mmp data prepare"
+    total = float(re.search(r"quickstart finished in ([0-9.]+) s", proc.stdout).group(1))
+    assert sum(took.values()) - 0.5 <= total  # the steps cover the run
+    assert took[7] > 1.0 and took[1] < total  # training takes time; the table is not all zeros
+
+
 def test_without_checkout_outside_ci_it_says_what_to_do(tmp_path):
     proc = quickstart("--python", sys.executable, "--workdir", str(tmp_path / "run"),
                       "--no-clone", cache=tmp_path / "cache", timeout=120)

@@ -16,6 +16,20 @@ import pytest
 from .mmp_data_helpers import data_main, make_docs, make_text, write_jsonl
 
 # ------------------------------------------------------------------ session fixtures
+@pytest.fixture(scope="session", autouse=True)
+def tokenizer_check_cache(tmp_path_factory):
+    """The records of `light`'s tokenizer checks go to a fresh directory per test session (not
+    the user's ~/.cache), shared by the tests: the first run with a tokenizer checks it."""
+    path = tmp_path_factory.mktemp("mmp-cache")
+    old = os.environ.get("MMP_CACHE_DIR")
+    os.environ["MMP_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("MMP_CACHE_DIR", None)
+    else:
+        os.environ["MMP_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")

@@ -82,6 +82,23 @@ def run_mmp(argv, env=None, **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, **kwargs)
 
 
+HEAVY = ("torch", "megatron.core", "transformers")
+
+
+def run_mmp_imports(argv, env=None, **kwargs):
+    """``mmp data ...`` in a fresh process; returns (process, the HEAVY modules it imported)."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
+    code = ("import json, sys; from megatron_musa_patch.cli import main; "
+            "rc = main(['data'] + sys.argv[1:]); "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code] + [str(a) for a in argv], env=full_env,
+                          capture_output=True, text=True, **kwargs)
+    lines = proc.stdout.strip().splitlines()
+    return proc, (json.loads(lines[-1]) if lines else None)
+
+
 def read_pair(prefix):
     """Documents of a pair as lists of numpy arrays, read with megatron-core's IndexedDataset."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset

@@ -38,6 +38,23 @@ def test_hf_sentences_two_keys(tmp_path, hf_tokenizer):
     assert_same(tmp_path / "ours_title_document", tmp_path / "up_title_document")
 
 
+def test_hf_light_start_up_first_use_and_cached(tmp_path, hf_tokenizer):
+    """A fresh `mmp` process, as a user runs it: the first run checks the tokenizer against
+    megatron-core's builder while it works, the second uses the cached check; both write
+    upstream's bytes."""
+    src = write_jsonl(tmp_path / "in.jsonl", make_docs(300, seed=14))
+    tok = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", hf_tokenizer,
+           "--append-eod", "--workers", "2"]
+    upstream(["--input", src, "--output-prefix", tmp_path / "up"] + tok)
+    env = {"MMP_CACHE_DIR": str(tmp_path / "cache")}
+    for run, note in (("first", "meanwhile (first use)"), ("cached", "checked against")):
+        proc = run_mmp(["prepare", "--input", src, "--output-prefix", tmp_path / run,
+                        "--chunk-size", 4096] + tok, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert note in proc.stderr
+        assert_same(tmp_path / f"{run}_text_document", tmp_path / "up_text_document")
+
+
 @pytest.mark.parametrize("kind", ["SentencePieceTokenizer", "Llama2Tokenizer"])
 def test_sentencepiece(tmp_path, sp_model, kind):
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(200, seed=12))

@@ -49,6 +49,15 @@ def test_weights_by_tokens_documents_uniform(shards, capsys):
     assert out.split()[::2] == ["1", "1", "1"]
 
 
+def test_blend_does_not_import_megatron_core(shards):
+    """blend reads indexes with indexfile: no seconds of megatron-core/torch start-up."""
+    from .mmp_data_helpers import run_mmp_imports
+
+    proc, heavy = run_mmp_imports(["blend", shards])
+    assert proc.returncode == 0, proc.stderr
+    assert heavy == [] and len(proc.stdout.split()) == 6 + 1  # 3 weights and prefixes, "[]"
+
+
 def test_output_file_for_data_args_path(shards, tmp_path, capsys):
     from megatron.core.datasets.utils import get_blend_from_list
 
@@ -78,6 +87,18 @@ def test_damaged_and_empty_shards(shards, tmp_path, capsys):
     assert code == 0
     assert out.split()[1] == str(d / "y.jsonl_document") and len(out.split()) == 2
     assert "left out 2 shard(s)" in err
+
+
+def test_bad_index_header_is_damage(shards, tmp_path, capsys):
+    import shutil
+
+    d = tmp_path / "bad"
+    shutil.copytree(shards, d)
+    idx = d / "y.jsonl_document.idx"
+    idx.write_bytes(b"NOTANIDX!" + idx.read_bytes()[9:])
+    code, _, err = blend([d], capsys)
+    assert code == 2
+    assert "y.jsonl_document: damaged (IndexFormatError: bad header" in " ".join(err.split())
 
 
 def test_empty_shard_and_missing_path(tmp_path, capsys):

@@ -12,6 +12,7 @@ import pytest
 
 from megatron_musa_patch.data import encode, inputs
 from megatron_musa_patch.data.errors import DataError, line_number
+from megatron_musa_patch.data.types import Packed
 
 
 @pytest.mark.parametrize("trailing_newline", [True, False])
@@ -23,9 +24,15 @@ def test_chunks_partition_lines_exactly(tmp_path, trailing_newline):
     path = tmp_path / "f.jsonl"
     path.write_bytes(data)
     f = inputs.InputFile(str(path), "jsonl", len(data))
-    for size in (1, 7, 64, 333, 4096, len(data) + 10):
+    for size, first_bytes in ((1, 0), (7, 0), (64, 0), (333, 0), (4096, 0), (len(data) + 10, 0),
+                              (333, 5), (4096, 100), (64, 64), (64, 1000)):
+        ranges = inputs.chunks(f, size, first_bytes)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
+        if 0 < first_bytes < size < len(data):
+            assert ranges[0] == (0, first_bytes) and ranges[1][1] - ranges[1][0] == size
         got, firsts = [], []
-        for start, end in inputs.chunks(f, size):
+        for start, end in ranges:
             first, chunk_lines = inputs.read_lines(str(path), start, end)
             if chunk_lines:
                 firsts.append((first, len(got)))
@@ -109,35 +116,78 @@ def test_pack_reports_first_id_out_of_range():
     assert packed is None and problem[0] == 2 and "70000" in problem[1]
 
 
-def test_bulk_writer_equals_add_document(tmp_path):
-    """PairWriter.add writes what one add_document call per document writes."""
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_bulk_writer_equals_add_document(tmp_path, dtype):
+    """PairWriter.add + commit (our own .idx writer) writes the bytes megatron-core's builder
+    writes with one add_document call per document, empty documents and empty chunks included."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     from megatron_musa_patch.data.writer import PairWriter
 
     rng = random.Random(2)
+    top = 60000 if dtype == np.uint16 else 2_000_000
     chunks = []
-    for _ in range(5):
-        counts = [rng.choice([0, 1, 2]) for _ in range(rng.randint(1, 20))]
-        sentences = [[rng.randint(0, 60000) for _ in range(rng.randint(1, 9))]
+    for size in (5, 0, 20, 1, 13):
+        counts = [rng.choice([0, 1, 2, 3]) for _ in range(size)]
+        sentences = [[rng.randint(0, top) for _ in range(rng.randint(1, 9))]
                      for _ in range(sum(counts))]
         chunks.append((sentences, counts))
-    ref = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=np.uint16)
-    w = PairWriter(str(tmp_path / "ours"), np.uint16)
+    ref = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=dtype)
+    w = PairWriter(str(tmp_path / "ours"), dtype)
     for sentences, counts in chunks:
         i = 0
         for c in counts:
             doc = sentences[i:i + c]
             ref.add_document([t for s in doc for t in s], [len(s) for s in doc])
             i += c
-        w.add(encode.Packed(np.array([t for s in sentences for t in s], dtype=np.uint16),
-                            np.array([len(s) for s in sentences], dtype=np.int32),
-                            np.array(counts, dtype=np.int64)))
+        w.add(Packed(np.array([t for s in sentences for t in s], dtype=dtype),
+                     np.array([len(s) for s in sentences], dtype=np.int32),
+                     np.array(counts, dtype=np.int64)))
     ref.finalize(str(tmp_path / "ref.idx"))
     w.commit(None)
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"ours{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["ours.bin", "ours.idx", "ref.bin", "ref.idx"]
+    assert w.documents == sum(len(c) for _, c in chunks) == 39
+
+
+def test_index_reader_agrees_with_megatron_core(tmp_path):
+    """indexfile.read_index gives IndexedDataset's arrays, and refuses what its reader refuses."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    from megatron_musa_patch.data import indexfile
+
+    b = IndexedDatasetBuilder(str(tmp_path / "a.bin"), dtype=np.int32)
+    for doc, lens in (([1, 2, 3], [1, 2]), ([], []), ([70000, 5], [2])):
+        b.add_document(doc, lens)
+    b.finalize(str(tmp_path / "a.idx"))
+    ours, theirs = indexfile.read_index(str(tmp_path / "a.idx")), IndexedDataset(
+        str(tmp_path / "a"), mmap=True).index
+    assert ours.dtype == np.int32 == theirs.dtype
+    for name in ("sequence_lengths", "sequence_pointers", "document_indices"):
+        assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
+    assert ours.sequence_pointers.tolist() == [0, 4, 12]
+    assert ours.document_indices.tolist() == [0, 2, 2, 3]
+    data = (tmp_path / "a.idx").read_bytes()
+    for name, bad, what in (("magic", b"XXIDIDX\x00\x00" + data[9:], "bad header"),
+                            ("version", data[:9] + (2).to_bytes(8, "little") + data[17:],
+                             "index version 2"),
+                            ("code", data[:17] + bytes([99]) + data[18:], "dtype code 99"),
+                            ("short", data[:-8], "too short")):
+        (tmp_path / f"{name}.idx").write_bytes(bad)
+        with pytest.raises(indexfile.IndexFormatError, match=what):
+            indexfile.read_index(str(tmp_path / f"{name}.idx"))
+
+
+def test_dtype_choice_and_codes_are_megatron_cores():
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+
+    from megatron_musa_patch.data import indexfile
+
+    assert indexfile.MAGIC == _INDEX_HEADER
+    assert indexfile.CODES == {d.name: d.value for d in DType}
+    for vocab in (None, 0, 4096, 65499, 65500, 65535, 200000):
+        assert indexfile.optimal_dtype(vocab) is DType.optimal_dtype(vocab), vocab
 
 
 class Tty(io.StringIO):
