@@ -12,8 +12,9 @@
 # then the loss curve and throughput (tokens/s per device, MFU). Each step prints how long it
 # took, and the end a table of all of them with the total.
 #
-# Megatron-LM (tag core_v0.16.1) is found through MEGATRON_LM_PATH, then the cache
-# ${MMP_CACHE_DIR:-~/.cache/megatron_musa_patch}/Megatron-LM-core_v0.16.1, then a shallow
+# Megatron-LM (the tag of the installed megatron-core's release: core_v0.16.1 on Python 3.11,
+# core_v0.19.0 with megatron-core 0.19) is found through MEGATRON_LM_PATH, then the cache
+# ${MMP_CACHE_DIR:-~/.cache/megatron_musa_patch}/Megatron-LM-<tag>, then a shallow
 # `git clone` into that cache. In --ci mode nothing is cloned: without a checkout the stock
 # steps are skipped (and said so), and the prepared data is trained on through the
 # megatron-core path instead (examples/quickstart/train_core.py: megatron-core's GPTDataset and
@@ -29,13 +30,13 @@ usage: bash examples/quickstart.sh [--ci] [--python PY] [--workdir DIR] [--iters
   --workdir DIR  corpus, tokenizer, data, checkpoints and logs (default: ./quickstart-run)
   --iters N      training iterations, checkpoint at N/2 (default 40)
   --no-clone     do not git clone Megatron-LM when no checkout is found
-environment: MEGATRON_LM_PATH (a core_v0.16.1 checkout), MMP_CACHE_DIR, TORCH_VERSION, PYTHON
+environment: MEGATRON_LM_PATH (a checkout of the installed release's tag), MMP_CACHE_DIR,
+             TORCH_VERSION, PYTHON
 EOF
 }
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$REPO/examples/quickstart
-LM_TAG=core_v0.16.1
 CI=0 PY="" WORKDIR="$PWD/quickstart-run" ITERS=40 CLONE=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -96,6 +97,14 @@ export MEGATRON_MUSA_PATCH_DEVICE=${MEGATRON_MUSA_PATCH_DEVICE:-cpu}
 echo "$("$PY" -c 'import sys; from importlib.metadata import version as v
 print("python", sys.version.split()[0], "| torch", v("torch"), "| megatron-core", v("megatron-core"))')"\
 " | device $MEGATRON_MUSA_PATCH_DEVICE | OMP_NUM_THREADS=$OMP_NUM_THREADS"
+
+# the Megatron-LM tag that goes with the installed megatron-core (megatron_musa_patch/releases.py)
+LM_TAG=$(MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 "$PY" -c 'from importlib.metadata import version
+from megatron_musa_patch.releases import release_of
+found = release_of(version("megatron-core"))
+print(found.lm_tag if found else "")')
+[ -n "$LM_TAG" ] || die "the installed megatron-core is not a release this layer supports \
+(megatron_musa_patch/releases.py); install one (pip install \"$REPO[training,data]\")"
 
 # --------------------------------------------------------------------------- 2. Megatron-LM
 step "Megatron-LM ($LM_TAG)"
