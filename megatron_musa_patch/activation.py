@@ -63,6 +63,12 @@ def activate(settings: Optional[settings_module.Settings] = None,
         )
     check_lm_path(settings)
 
+    from .device import adapter
+
+    # torchada first where the musa row will use it: before torch_musa is imported to select
+    # the device, and before any record captures a torch object (device/adapter.py)
+    tada_imported_here = adapter.preload(settings)
+
     import torch  # noqa: F401 - the device layer patches torch; import it under our control
 
     from . import plugins
@@ -75,11 +81,12 @@ def activate(settings: Optional[settings_module.Settings] = None,
     if name not in ("musa", "cpu", "cuda"):
         raise DeviceSelectionError(f"a plugin chose the unknown device {name!r}")
     device = mapping(name)
+    torch_mapping = adapter.choose(settings, device, tada_imported_here)
     for key, value in device.env_defaults.items():
         os.environ.setdefault(key, value)
     dispatch.configure(dispatch.Policy.from_settings(settings))
     session = Session(settings=settings, device=device, registry=None, plugins=pm,
-                      late_modules=late, lm_path=settings.lm_path)
+                      late_modules=late, lm_path=settings.lm_path, torch_mapping=torch_mapping)
     session.lm_path = order_sys_path(session.lm_path)
     registry = Registry(device.name, plugins.toggles(pm, settings),
                         allow_unverified=settings.allow_unverified, version_of=session.version_of)

@@ -75,6 +75,8 @@ def _doctor(command: str, rest: List[str]) -> int:
                                          or "defaults (no MEGATRON_MUSA_PATCH_* variable set)"))
             from .ops import kernels
 
+            print(f"{'torch mapping':20} "
+                  f"{state.torch_mapping.describe(state.registry.results())}")
             print(f"{'csrc kernels':20} {kernels.status(state.device.torch_type)}")
             print(f"{'memory statistics':20} {state.device.memory_stats}\n")
         print(table.render_table(state, collapse=not opts.all))
