@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from . import versions
-from .device.adapter import BuiltinMapping
 from .flag_needs import unavailable_error
 from .settings import Settings
 
@@ -43,6 +42,10 @@ class Session:
 
     def __post_init__(self):
         if self.torch_mapping is None:
+            # imported here: the device package imports torch, and the session module must
+            # stay light (``import megatron_musa_patch`` without activation imports no torch)
+            from .device.adapter import BuiltinMapping
+
             self.torch_mapping = BuiltinMapping(self.device.name)
 
     # ------------------------------------------------------------------ per-run state
