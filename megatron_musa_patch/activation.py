@@ -19,7 +19,7 @@ from typing import List, Optional
 
 from packaging.specifiers import SpecifierSet
 
-from . import releases, settings as settings_module, versions
+from . import releases, settings as settings_module, torchada_import, versions
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
 from .session import Session
 
@@ -63,16 +63,14 @@ def activate(settings: Optional[settings_module.Settings] = None,
         )
     check_lm_path(settings)
 
-    from .device import adapter
-
-    # torchada first where the musa row will use it: before torch_musa is imported to select
-    # the device, and before any record captures a torch object (device/adapter.py)
-    tada_imported_here = adapter.preload(settings)
+    # torchada first where the musa row will use it: before torch, before torch_musa is
+    # imported to select the device, before any record captures a torch object
+    tada_imported_here = torchada_import.preload(settings)
 
     import torch  # noqa: F401 - the device layer patches torch; import it under our control
 
     from . import plugins
-    from .device import mapping
+    from .device import adapter, mapping
     from .ops import dispatch
     from .registry import Registry
 

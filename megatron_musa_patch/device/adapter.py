@@ -8,10 +8,10 @@ environment variables even where it maps nothing.
 
 Order, whoever imports torchada:
 
-* the layer imports it (:func:`preload`) before torch_musa is imported for device selection --
-  torchada's own rule, it syncs ``MUSA_VISIBLE_DEVICES`` first -- and before any record is built
-  (records capture torch objects), with ``TORCHADA_FORCE_CUDA_AVAILABLE=1`` unless the user set
-  it, because Megatron asserts ``torch.cuda.is_available()``;
+* the layer imports it (``torchada_import.preload``, before torch where the user has not imported
+  it, before torch_musa is imported for device selection, before any record is built) with
+  ``TORCHADA_FORCE_CUDA_AVAILABLE=1`` unless the user set it, because Megatron asserts
+  ``torch.cuda.is_available()``;
 * imported by the user before the layer: the same state (a gap record covers ``is_available``
   if it stayed False);
 * imported by the user after the layer: already imported, nothing happens.
@@ -26,21 +26,16 @@ patch the names a second time.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 import sys
 from typing import Any, Callable, Iterable, Optional
 
 from .. import conditions, versions
 from ..errors import TorchMappingError
-from ..settings import PREFIX, TORCHADA_FORCE_ENV, TORCHADA_PLATFORM_ENV
+from ..settings import PREFIX, TORCHADA_PLATFORM_ENV
+from ..torchada_import import (EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now,  # noqa: F401
+                               would_map_musa)
 from . import torchada_coverage
 
-MODULE = "torchada"
-#: the release the coverage was measured on (setup.py's musa extra pins it)
-TESTED_VERSION = "0.1.103"
-SWITCH = f"{PREFIX}_TORCHADA"
-EXTRA = 'pip install "megatron-musa-patch[musa]"'
 #: reasons in the patch table start with these, so mmp doctor can count who maps what
 MAPPED_BY = "mapped by torchada"
 LEFT_BY = "torchada leaves this"
@@ -48,30 +43,6 @@ LEFT_BY = "torchada leaves this"
 
 def installed_version() -> Optional[str]:
     return versions.distribution_version(MODULE)
-
-
-def would_map_musa(settings) -> bool:
-    """Whether ``import torchada`` would patch torch for MUSA here (its own detection: a
-    TORCHADA_PLATFORM of cpu or cuda stops it; otherwise an importable torch_musa decides)."""
-    return settings.torchada_platform not in ("cpu", "cuda") and \
-        conditions.importable("torch_musa")
-
-
-def preload(settings) -> bool:
-    """Import torchada now if the musa row is the likely choice and will use it. Returns True
-    when this call imported it (False: not wanted here, not installed, or imported already)."""
-    if not settings.torchada or settings.device not in ("auto", "musa") or MODULE in sys.modules:
-        return False
-    if not conditions.importable(MODULE) or not would_map_musa(settings):
-        return False
-    _import(settings)
-    return True
-
-
-def _import(settings) -> None:
-    if settings.torchada_force_cuda_available is None:
-        os.environ[TORCHADA_FORCE_ENV] = "1"
-    importlib.import_module(MODULE)
 
 
 def choose(settings, device, imported_by_layer: bool):
@@ -104,7 +75,7 @@ def choose(settings, device, imported_by_layer: bool):
                 f"the musa row maps torch through torchada, which is not installed. Install the "
                 f"musa extra ({EXTRA}, which brings torchada=={TESTED_VERSION}), or set "
                 f"{SWITCH}=0 to use the layer's built-in mapping.")
-        _import(settings)
+        import_now(settings)
         imported_by_layer = True
     if not torchada_coverage.redirects_torch_cuda():
         raise TorchMappingError(

@@ -103,3 +103,33 @@ def test_cpu_row_never_imports_torchada():
                       "print(m.active_session().torch_mapping.adapter, 'torchada' in sys.modules)")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["megatron_musa_patch", "False"]
+
+
+#: what was imported already when torchada's module started executing
+IMPORT_ORDER = """
+import importlib.abc, importlib.machinery, os, sys
+seen = []
+class _Recorder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "torchada":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            seen.append(("torch" in sys.modules, "torch_musa" in sys.modules))
+            run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, _Recorder())
+import megatron_musa_patch
+print(seen == [(False, False)], os.environ["TORCHADA_FORCE_CUDA_AVAILABLE"])
+"""
+
+
+@needs_torchada
+def test_the_layer_imports_torchada_before_torch_and_torch_musa():
+    # torchada syncs MUSA_VISIBLE_DEVICES before torch loads; the environment it leaves lets
+    # the ranks a launcher starts import it the same way
+    proc = run_python(IMPORT_ORDER, env=musa_env("torchada"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["True", "1"]
