@@ -42,8 +42,8 @@ class Session:
 
     def __post_init__(self):
         if self.torch_mapping is None:
-            # imported here: the device package imports torch, and the session module must
-            # stay light (``import megatron_musa_patch`` without activation imports no torch)
+            # imported here: the device package imports torch, and importing the package
+            # without activating it must not import torch
             from .device.adapter import BuiltinMapping
 
             self.torch_mapping = BuiltinMapping(self.device.name)

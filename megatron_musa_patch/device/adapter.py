@@ -32,8 +32,7 @@ from typing import Any, Callable, Iterable, Optional
 from .. import conditions, versions
 from ..errors import TorchMappingError
 from ..settings import PREFIX, TORCHADA_PLATFORM_ENV
-from ..torchada_import import (EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now,  # noqa: F401
-                               would_map_musa)
+from ..torchada_import import EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now, would_map_musa
 from . import torchada_coverage
 
 #: reasons in the patch table start with these, so mmp doctor can count who maps what
@@ -68,7 +67,7 @@ def choose(settings, device, imported_by_layer: bool):
                 f"was imported before the layer and has already mapped torch.cuda to torch.musa; "
                 f"two adapters would patch the same torch names. Remove the `import torchada`, "
                 f"or unset {SWITCH} to let torchada map torch.")
-        return BuiltinMapping(device.name, refuse_later=True)
+        return BuiltinMapping(device.name, refuse_later=would_map_musa(settings))
     if not present:
         if not conditions.importable(MODULE):
             raise TorchMappingError(
