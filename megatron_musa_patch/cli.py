@@ -86,6 +86,8 @@ def _doctor(command: str, rest: List[str]) -> int:
 def _import_targets(state) -> None:
     """Import every module a patch targets, so each row shows applied / skipped / failed."""
     for module in sorted({p.module for p in state.registry.patches()}):
+        if module.split(".")[0] not in ("megatron", "torch"):
+            continue  # not what the layer patches (torchada: its guard refuses the import)
         if module.startswith(("megatron.training", "megatron.legacy")) and state.lm_path is None:
             continue
         try:

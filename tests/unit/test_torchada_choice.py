@@ -2,10 +2,14 @@
 2 at activation (or the error at a refused ``import torchada``), never two adapters on the same
 torch names. Against the stand-in torch_musa; the cases that need torchada skip without it."""
 
+import os
+import shutil
+import sys
+
 import pytest
 
 from ..conftest import run_python, subprocess_env
-from .musa_rows import STAND_IN, musa_env, needs_torchada
+from .musa_rows import MAPPINGS, STAND_IN, musa_env, needs_torchada
 
 #: makes torchada look not installed (find_spec answers no), before the layer looks
 HIDE_TORCHADA = """
@@ -133,3 +137,17 @@ def test_the_layer_imports_torchada_before_torch_and_torch_musa():
     proc = run_python(IMPORT_ORDER, env=musa_env("torchada"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["True", "1"]
+
+
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_doctor_on_the_musa_row_with_either_mapping(mapping):
+    # doctor imports every patched module; torchada's guard record must not make it import
+    # (and so refuse) torchada
+    mmp = shutil.which("mmp", path=os.path.dirname(sys.executable))
+    proc = run_python(None, args=(mmp, "doctor"), env=musa_env(mapping))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "importing torchada" not in proc.stderr and "error" not in proc.stderr
+    expected = {"torchada": "torch mapping        torchada 0.1.103 (imported by the layer)",
+                "builtin": "torch mapping        built-in (megatron_musa_patch), "
+                           "MEGATRON_MUSA_PATCH_TORCHADA=0"}[mapping]
+    assert expected in proc.stdout
