@@ -75,14 +75,12 @@ def kernel_build():
     if musa:
         from torch_musa.utils.musa_extension import BuildExtension, MUSAExtension
 
-        wrappers = os.path.join("build", "mmp_mu")  # mcc compiles .mu: one-line includes
-        os.makedirs(wrappers, exist_ok=True)
-        mu_sources = []
-        for src in kernels:
-            mu = os.path.join(wrappers, os.path.splitext(os.path.basename(src))[0] + ".mu")
-            with open(mu, "w", encoding="utf-8") as f:
-                f.write(f'#include "{os.path.join(HERE, src)}"\n')
-            mu_sources.append(mu)
+        # torch_musa's own MUSAExtension on one-line .mu wrappers: the sources are portable, so
+        # torchada's CUDAExtension route (which ports sources in place) is not used
+        from pathlib import Path
+
+        mu_sources = [os.path.relpath(p, HERE) for p in flags.write_mu_wrappers(
+            Path(csrc), Path(HERE) / "build" / "mmp_mu")]
         ext = MUSAExtension("megatron_musa_patch._kernels_musa", [binding] + mu_sources,
                             include_dirs=include,
                             extra_compile_args={"cxx": flags.CXX_FLAGS + ["-DUSE_MUSA"],
@@ -142,6 +140,10 @@ setup(
         "data": ["tokenizers>=0.20", "transformers>=5", "sentencepiece", "tqdm", "regex",
                  "tiktoken"],
         "test": ["pytest>=7", "import-linter>=2.1"],
+        # the MUSA row's torch mapping: Moore Threads' torchada, the release the layer's gap
+        # records were measured against (device/adapter.py TESTED_VERSION). torch_musa itself
+        # comes with the MUSA SDK, not from PyPI.
+        "musa": ["torchada==0.1.103"],
     },
     entry_points={
         "console_scripts": ["mmp = _megatron_musa_patch_boot:cli"],

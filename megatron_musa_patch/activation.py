@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import release_check, releases, settings as settings_module, versions
+from . import release_check, releases, settings as settings_module, torchada_import, versions
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
 from .session import Session
 
@@ -61,10 +61,14 @@ def activate(settings: Optional[settings_module.Settings] = None,
         )
     check_lm_path(settings)
 
+    # torchada first where the musa row will use it: before torch, before torch_musa is
+    # imported to select the device, before any record captures a torch object
+    tada_imported_here = torchada_import.preload(settings)
+
     import torch  # noqa: F401 - the device layer patches torch; import it under our control
 
     from . import plugins
-    from .device import mapping
+    from .device import adapter, mapping
     from .ops import dispatch
     from .registry import Registry
 
@@ -73,11 +77,12 @@ def activate(settings: Optional[settings_module.Settings] = None,
     if name not in ("musa", "cpu", "cuda"):
         raise DeviceSelectionError(f"a plugin chose the unknown device {name!r}")
     device = mapping(name)
+    torch_mapping = adapter.choose(settings, device, tada_imported_here)
     for key, value in device.env_defaults.items():
         os.environ.setdefault(key, value)
     dispatch.configure(dispatch.Policy.from_settings(settings))
     session = Session(settings=settings, device=device, registry=None, plugins=pm,
-                      late_modules=late, lm_path=settings.lm_path)
+                      late_modules=late, lm_path=settings.lm_path, torch_mapping=torch_mapping)
     session.lm_path = order_sys_path(session.lm_path)
     unverified = release_check.check(session.lm_path, settings.allow_unverified)
     release_check.check_training_source(session.lm_path)

@@ -88,6 +88,8 @@ def _doctor(command: str, rest: List[str]) -> int:
                                          or "defaults (no MEGATRON_MUSA_PATCH_* variable set)"))
             from .ops import kernels
 
+            print(f"{'torch mapping':20} "
+                  f"{state.torch_mapping.describe(state.registry.results())}")
             print(f"{'csrc kernels':20} {kernels.status(state.device.torch_type)}")
             print(f"{'memory statistics':20} {state.device.memory_stats}\n")
         print(table.render_table(state, collapse=not opts.all))
@@ -98,6 +100,8 @@ def _import_targets(state) -> None:
     """Import every module a patch targets, so each row shows applied / skipped / failed."""
     waiting = {r.target.split(":", 1)[0] for r in state.registry.results() if r.status == "deferred"}
     for module in sorted(waiting):
+        if module.split(".")[0] not in ("megatron", "torch"):
+            continue  # not what the layer patches (torchada: its guard refuses the import)
         if module.startswith(("megatron.training", "megatron.legacy")) and state.lm_path is None \
                 and not _ships_training():
             continue

@@ -52,3 +52,7 @@ class PluginError(MegatronMusaPatchError):
 
 class UnsupportedOnDeviceError(MegatronMusaPatchError, NotImplementedError):
     """Megatron asked the device for something it does not have (e.g. CUDA graphs on CPU)."""
+
+
+class TorchMappingError(DeviceSelectionError):
+    """torchada and the layer disagree about who maps torch (or torchada is needed and missing)."""

@@ -32,10 +32,21 @@ class Session:
     late_modules: List[str] = dataclasses.field(default_factory=list)
     #: the Megatron-LM checkout: MEGATRON_LM_PATH, or one found on sys.path
     lm_path: Optional[Path] = None
+    #: who maps torch's CUDA spellings (``device.adapter``): torchada on the musa row, else the
+    #: layer's built-in mapping; it decides which torch-level records apply
+    torch_mapping: Any = None
     #: feature -> the argparse actions its ``mmp_add_arguments`` added
     flag_owners: Dict[str, list] = dataclasses.field(default_factory=dict)
     table_logged: bool = False
     _states: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.torch_mapping is None:
+            # imported here: the device package imports torch, and importing the package
+            # without activating it must not import torch
+            from .device.adapter import BuiltinMapping
+
+            self.torch_mapping = BuiltinMapping(self.device.name)
 
     # ------------------------------------------------------------------ per-run state
     def state_for(self, key: str, factory: Callable[[], Any] = dict) -> Any:

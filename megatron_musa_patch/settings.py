@@ -63,12 +63,22 @@ VARIABLES = (
              "grouped GEMM for --moe-grouped-gemm (auto: measured choice per device)"),
     Variable(f"{PREFIX}_KERNELS", _TRUE + _FALSE, "1",
              "0: never load or build the csrc/ kernels"),
+    Variable(f"{PREFIX}_TORCHADA", _TRUE + _FALSE, "1",
+             "on the musa row, torch-level mapping by torchada (the musa extra); 0: the layer's "
+             "built-in mapping"),
 )
 
 ENV_NAMES = tuple(v.name for v in VARIABLES)
 _BY_NAME = {v.name: v for v in VARIABLES}
 #: read by the layer but not its own (Megatron-LM's convention)
 LM_PATH_ENV = "MEGATRON_LM_PATH"
+#: torchada's own switches, read (never checked against our names) because the musa row's
+#: mapping depends on them: the platform torchada maps for, and whether it lets
+#: torch.cuda.is_available() report MUSA (Megatron asserts it)
+TORCHADA_PLATFORM_ENV = "TORCHADA_PLATFORM"
+TORCHADA_FORCE_ENV = "TORCHADA_FORCE_CUDA_AVAILABLE"
+#: other projects' variables the settings read (test harnesses strip these too)
+FOREIGN_ENV_NAMES = (TORCHADA_PLATFORM_ENV, TORCHADA_FORCE_ENV)
 
 
 def _list(text: str) -> Tuple[str, ...]:
@@ -90,6 +100,12 @@ class Settings:
     ops: str = "auto"
     gmm: str = "auto"
     kernels: bool = True
+    #: musa row: torchada maps torch (True) or the layer's built-in mapping does (False)
+    torchada: bool = True
+    #: TORCHADA_PLATFORM, lower-cased (None: unset; torchada then detects the platform)
+    torchada_platform: Optional[str] = None
+    #: TORCHADA_FORCE_CUDA_AVAILABLE as given (None: unset, the layer sets it to 1 on musa)
+    torchada_force_cuda_available: Optional[str] = None
     lm_path: Optional[Path] = None
 
     def changed(self) -> dict:
@@ -102,6 +118,7 @@ class Settings:
         env = {f"{PREFIX}_DEVICE": self.device, f"{PREFIX}_JIT": self.jit,
                f"{PREFIX}_OPS": self.ops, f"{PREFIX}_GMM": self.gmm,
                f"{PREFIX}_KERNELS": "1" if self.kernels else "0",
+               f"{PREFIX}_TORCHADA": "1" if self.torchada else "0",
                f"{PREFIX}_ALLOW_LATE": "1" if self.allow_late else "0",
                f"{PREFIX}_ALLOW_UNVERIFIED": "1" if self.allow_unverified else "0"}
         for name, values in ((f"{PREFIX}_DISABLE", self.disable),
@@ -169,5 +186,8 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         ops=_value(environ, f"{PREFIX}_OPS"),
         gmm=_value(environ, f"{PREFIX}_GMM"),
         kernels=_flag(environ, f"{PREFIX}_KERNELS"),
+        torchada=_flag(environ, f"{PREFIX}_TORCHADA"),
+        torchada_platform=environ.get(TORCHADA_PLATFORM_ENV, "").strip().lower() or None,
+        torchada_force_cuda_available=environ.get(TORCHADA_FORCE_ENV),
         lm_path=Path(lm).expanduser().resolve() if lm else None,
     )

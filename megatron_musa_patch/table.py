@@ -17,13 +17,20 @@ def header(state) -> str:
         f"megatron_musa_patch {v['megatron_musa_patch'] or '(source)'} | device "
         f"{state.device.name} (torch '{state.device.torch_type}', collectives "
         f"{state.device.backend}) | torch {v['torch']} | megatron-core {v['megatron-core']} | "
-        f"Megatron-LM {v['Megatron-LM']}"
+        f"Megatron-LM {v['Megatron-LM']}{_mapping(state)}"
     )
 
 
 def shown_id(row: PatchResult) -> str:
     """The id as the table shows it: with the version range of a variant."""
     return f"{row.id} [{row.variant}]" if row.variant else row.id
+
+
+def _mapping(state) -> str:
+    mapping = getattr(state, "torch_mapping", None)
+    if mapping is None or mapping.adapter != "torchada":
+        return ""
+    return f" | torch mapped by torchada {mapping.version}"
 
 
 def grouped(rows: List[PatchResult]) -> List[PatchResult]:
@@ -68,6 +75,8 @@ def as_json(state) -> dict:
         "device": {"name": state.device.name, "torch_type": state.device.torch_type,
                    "backend": state.device.backend, "memory_stats": state.device.memory_stats},
         "versions": state.versions(),
+        "torch_mapping": {"adapter": state.torch_mapping.adapter,
+                          "summary": state.torch_mapping.describe(state.registry.results())},
         "patches": [r.as_dict() for r in state.registry.results()],
     }
 

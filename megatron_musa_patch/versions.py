@@ -108,6 +108,9 @@ def summary(lm: Optional[Path]) -> dict:
         "python": sys.version.split()[0],
         "torch": distribution_version("torch"),
         "torch_musa": distribution_version("torch_musa") or distribution_version("torch-musa"),
+        # Moore Threads' CUDA-to-MUSA adapter: the musa row's torch mapping (installed is not
+        # imported: mmp doctor's "torch mapping" line says whether it is in use)
+        "torchada": distribution_version("torchada"),
         "megatron-core": str(megatron_core_version()) if megatron_core_version() else None,
         "Megatron-LM": (
             f"{megatron_lm_version(lm)} at {lm}" if lm and megatron_lm_version(lm) else

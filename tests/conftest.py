@@ -15,12 +15,13 @@ import pytest
 os.environ["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
 
 from megatron_musa_patch import releases  # noqa: E402 - leaves: they activate nothing
-from megatron_musa_patch.settings import ENV_NAMES  # noqa: E402
+from megatron_musa_patch.settings import ENV_NAMES, FOREIGN_ENV_NAMES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-#: every variable of the layer: a developer's shell must not leak into subprocess tests
-_LAYER_ENV = ENV_NAMES
+#: every variable of the layer (and torchada's, which it reads): a developer's shell must not
+#: leak into subprocess tests
+_LAYER_ENV = ENV_NAMES + FOREIGN_ENV_NAMES
 
 
 def subprocess_env(**overrides):

@@ -107,7 +107,9 @@ def _translate_str(torch_type: str, device: str) -> str:
     return result
 
 
-_ORIGINAL_DEVICE = torch.device
+# torch's own class, not whatever ``torch.device`` is now: torchada (imported before the layer)
+# replaces the attribute with a factory of its own
+_ORIGINAL_DEVICE = torch._C.device
 
 
 def _original_device():

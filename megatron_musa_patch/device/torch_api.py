@@ -288,5 +288,15 @@ def autocast_init(row: DeviceMapping, original: Callable) -> Callable:
     return __init__
 
 
+def original_tensor_method(name: str):
+    """torch's own ``Tensor.<name>``: the C ``TensorBase`` method, unless torch defines it in
+    Python. Read there, not from ``torch.Tensor``, because torchada (imported before the layer)
+    may have replaced it; a record then takes the place of torchada's instead of wrapping it."""
+    own = vars(torch.Tensor).get(name)
+    if own is not None and getattr(own, "__module__", "").startswith("torch"):
+        return own
+    return getattr(torch._C.TensorBase, name)
+
+
 def names_present(owner: Any, names: Iterable[str]):
     return [n for n in names if hasattr(owner, n)]

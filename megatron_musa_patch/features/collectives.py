@@ -3,12 +3,20 @@
 ``--distributed-backend`` accepts ``nccl``, ``mccl`` and ``gloo``; process groups are created
 on the mapped backend; on MUSA ``get_backend()`` reports ``nccl`` for ``mccl`` groups so
 Megatron's backend-string checks pick the device path, as they do on CUDA.
+
+The records wrap torch's own functions in ``torch.distributed.distributed_c10d`` and put the
+wrapper in ``torch.distributed``'s place: on the musa row torchada has replaced
+``init_process_group`` / ``new_group`` with wrappers that map only the exact ``"nccl"`` and
+refuse torch's newer keywords, so the layer's record takes the place of torchada's instead of
+stacking on it (``device/torchada_coverage.py``).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+
+import wrapt
 
 from ..hookspecs import hookimpl
 from ..registry import Patch
@@ -21,26 +29,37 @@ BACKEND_CHOICES = ("nccl", "mccl", "gloo")
 
 
 @hookimpl
-def mmp_register_patches(registry, device):
+def mmp_register_patches(session, registry, device):
     devices = frozenset({"musa", "cpu"})
     why = f"backend 'nccl' runs on {device.backend}"
-    registry.add(Patch("collectives.init_process_group", "torch.distributed:init_process_group",
-                       "wrap", functools.partial(_init_process_group, device), FEATURE,
-                       devices=devices, strict=True, why=why))
-    registry.add(Patch("collectives.new_group", "torch.distributed:new_group", "wrap",
-                       functools.partial(_with_backend, device), FEATURE, devices=devices,
-                       strict=True, why=why))
+    records = [
+        Patch("collectives.init_process_group", "torch.distributed:init_process_group", "replace",
+              _over_torch("init_process_group", functools.partial(_init_process_group, device)),
+              FEATURE, devices=devices, strict=True, why=why),
+        Patch("collectives.new_group", "torch.distributed:new_group", "replace",
+              _over_torch("new_group", functools.partial(_with_backend, device)), FEATURE,
+              devices=devices, strict=True, why=why),
+        Patch("collectives.get_backend", "torch.distributed:get_backend", "replace",
+              _over_torch("get_backend", functools.partial(_get_backend, device)), FEATURE,
+              devices=frozenset({"musa"}), strict=True,
+              condition=lambda: bool(device.backend_alias) or "no backend alias",
+              why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}"),
+    ]
+    registry.extend(session.torch_mapping.arbitrate(records))
     registry.add(Patch("collectives.isend_private_copy",
                        "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
                        FEATURE, devices=frozenset({"cpu"}), strict=True,
                        rebind=("torch.distributed",),
                        why="gloo reads a send buffer until the send completes; Megatron "
                            "frees pipeline outputs right after isend (stream-ordered on GPUs)"))
-    registry.add(Patch("collectives.get_backend", "torch.distributed:get_backend", "wrap",
-                       functools.partial(_get_backend, device), FEATURE,
-                       devices=frozenset({"musa"}), strict=True,
-                       condition=lambda: bool(device.backend_alias) or "no backend alias",
-                       why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}"))
+
+
+def _over_torch(name, wrapper):
+    """``wrapper`` around torch's own ``distributed_c10d.<name>``, whoever replaced the
+    ``torch.distributed`` attribute since."""
+    from torch.distributed import distributed_c10d
+
+    return wrapt.FunctionWrapper(getattr(distributed_c10d, name), wrapper)
 
 
 @hookimpl

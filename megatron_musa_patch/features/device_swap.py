@@ -6,6 +6,11 @@ integer device indices, ``Tensor.type()`` strings, ``.is_cuda`` (MUSA), pinned m
 the RNG tracker, and ``@jit_fuser``. The records are registered on every device and applied
 off CUDA only (the CUDA row has nothing to swap; ``@jit_fuser`` follows ``MEGATRON_MUSA_PATCH_JIT``
 there too).
+
+On the musa row torchada maps torch (``device/adapter.py``): the session's ``torch_mapping``
+skips each torch-level record whose name torchada covers and keeps the rest, with the gap as the
+reason. Tensor methods are built over torch's own ``TensorBase`` methods, so a record that takes
+the place of torchada's (``Tensor.cuda``) never stacks on it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from ..compiling import compile_with_fallback
 from ..device import torch_api
+from ..errors import TorchMappingError
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -31,10 +37,24 @@ logger = logging.getLogger("megatron_musa_patch")
 
 @hookimpl
 def mmp_register_patches(session, registry, device):
-    registry.extend(_torch_cuda_patches(device))
-    registry.extend(_device_string_patches(device))
+    mapping = session.torch_mapping
+    registry.extend(mapping.arbitrate(_torch_cuda_patches(device)))
+    registry.extend(mapping.arbitrate(_device_string_patches(device)))
     registry.extend(_megatron_patches(device))
     registry.extend(_jit_patches(device, session.settings.jit))
+    registry.add(Patch(
+        "device.torchada_guard", "torchada:*", "module", _refuse_torchada, FEATURE, strict=True,
+        condition=mapping.guard_condition(),
+        why="the layer maps torch here: a later `import torchada` would patch the same names "
+            "again"))
+
+
+def _refuse_torchada(module):
+    raise TorchMappingError(
+        "`import torchada` after megatron_musa_patch, which maps torch itself on this row "
+        "(MEGATRON_MUSA_PATCH_TORCHADA=0, or a cpu/cuda row on a machine with torch_musa): the "
+        "same torch names would be patched twice. Remove the import, or let torchada map torch: "
+        "unset MEGATRON_MUSA_PATCH_TORCHADA on the musa row (the layer then imports it first).")
 
 
 def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
@@ -62,13 +82,14 @@ def _device_string_patches(device):
     for name in torch_api.names_present(torch, torch_api.FACTORY_FUNCTIONS):
         yield _strict(f"device.factory.{name}", f"torch:{name}", "replace",
                       torch_api.factory(device, getattr(torch, name)), why)
+    tensor = torch_api.original_tensor_method
     for name in torch_api.names_present(torch.Tensor, torch_api.TENSOR_DEVICE_METHODS):
         yield _strict(f"device.tensor.{name}", f"torch:Tensor.{name}", "replace",
-                      torch_api.tensor_device_method(device, getattr(torch.Tensor, name)), why)
+                      torch_api.tensor_device_method(device, tensor(name)), why)
     yield _strict("device.tensor.to", "torch:Tensor.to", "replace",
-                  torch_api.tensor_to(device, torch.Tensor.to), why)
+                  torch_api.tensor_to(device, tensor("to")), why)
     yield _strict("device.tensor.cuda", "torch:Tensor.cuda", "replace",
-                  torch_api.tensor_cuda(device, torch.Tensor.cuda), why)
+                  torch_api.tensor_cuda(device, tensor("cuda")), why)
     yield _strict("device.module.to", "torch.nn:Module.to", "replace",
                   torch_api.module_to(device, torch.nn.Module.to), why)
     yield _strict("device.module.cuda", "torch.nn:Module.cuda", "replace",
@@ -76,7 +97,7 @@ def _device_string_patches(device):
     yield _strict("device.torch_device", "torch:device", "attribute",
                   torch_api.device_type(device), "torch.device('cuda') constructs the row's device")
     yield _strict("device.tensor.type", "torch:Tensor.type", "replace",
-                  torch_api.tensor_type(device, torch.Tensor.type),
+                  torch_api.tensor_type(device, tensor("type")),
                   "Megatron compares Tensor.type() with 'torch.cuda.FloatTensor' strings")
     yield _strict("device.autocast", "torch.amp.autocast_mode:autocast.__init__", "replace",
                   torch_api.autocast_init(device, torch.amp.autocast_mode.autocast.__init__),
@@ -85,7 +106,7 @@ def _device_string_patches(device):
                   torch_api.is_cuda_property(device),
                   "Megatron's .is_cuda gates mean 'on the accelerator'", devices={"musa"})
     yield _strict("device.tensor.pin_memory", "torch:Tensor.pin_memory", "replace",
-                  torch_api.tensor_pin_memory(device, torch.Tensor.pin_memory),
+                  torch_api.tensor_pin_memory(device, tensor("pin_memory")),
                   "no page-locked memory without an accelerator: host data is already host data",
                   devices={"cpu"})
     yield _strict("device.dataloader_pin_memory", "torch.utils.data:DataLoader.__init__", "wrap",
@@ -93,7 +114,7 @@ def _device_string_patches(device):
                   "no page-locked memory without an accelerator (avoids a warning per rank)",
                   devices={"cpu"})
     yield _strict("device.tensor.record_stream", "torch:Tensor.record_stream", "replace",
-                  torch_api.tensor_record_stream(device, torch.Tensor.record_stream),
+                  torch_api.tensor_record_stream(device, tensor("record_stream")),
                   "CPU streams complete synchronously: nothing to keep alive", devices={"cpu"})
     # a CUDA build of torch (what pip gives on Python 3.12) names CUDA as its accelerator even
     # without a GPU; with torch.cuda answering for the CPU, torch's own code (the optimizers'

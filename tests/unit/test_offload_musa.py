@@ -8,7 +8,10 @@ are to be pinned (the MUSA row has page-locked memory).
 
 import json
 
-from ..conftest import FIXTURES, run_python, subprocess_env
+import pytest
+
+from ..conftest import run_python
+from .musa_rows import MAPPINGS, musa_env
 
 CONTRACT = r"""
 import json, torch
@@ -34,8 +37,9 @@ print("RESULT" + json.dumps({
 """
 
 
-def test_hybrid_optimizer_contract_on_musa():
-    proc = run_python(CONTRACT, env=subprocess_env(PYTHONPATH=str(FIXTURES / "fake_musa")))
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_hybrid_optimizer_contract_on_musa(mapping):
+    proc = run_python(CONTRACT, env=musa_env(mapping))
     assert "RESULT" in proc.stdout, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res["row"] == "musa" and res["pin_asked"] == [True]

@@ -55,8 +55,23 @@ def test_a_misspelt_variable_is_named_with_the_likely_one():
 
 
 def test_the_test_harness_scrubs_every_variable():
-    assert set(_LAYER_ENV) == set(settings.ENV_NAMES)
-    assert len(settings.ENV_NAMES) == len(settings.VARIABLES) >= 13
+    assert set(_LAYER_ENV) == set(settings.ENV_NAMES) | set(settings.FOREIGN_ENV_NAMES)
+    assert len(settings.ENV_NAMES) == len(settings.VARIABLES) >= 14
+    assert set(settings.FOREIGN_ENV_NAMES) == {"TORCHADA_PLATFORM",
+                                                "TORCHADA_FORCE_CUDA_AVAILABLE"}
+
+
+def test_torchada_switches_are_read_into_the_settings():
+    s = settings.from_env({"MEGATRON_MUSA_PATCH_TORCHADA": "0", "TORCHADA_PLATFORM": " MUSA ",
+                           "TORCHADA_FORCE_CUDA_AVAILABLE": "0"})
+    assert (s.torchada, s.torchada_platform, s.torchada_force_cuda_available) == (False, "musa",
+                                                                                  "0")
+    assert s.changed() == {"MEGATRON_MUSA_PATCH_TORCHADA": "0"}
+    defaults = settings.from_env({})
+    assert (defaults.torchada, defaults.torchada_platform,
+            defaults.torchada_force_cuda_available) == (True, None, None)
+    with pytest.raises(SettingsError, match="MEGATRON_MUSA_PATCH_TORCHADA='maybe'"):
+        settings.from_env({"MEGATRON_MUSA_PATCH_TORCHADA": "maybe"})
 
 
 FEATURES = {"device": True, "recompute": False, "fused_ops.rope": False,

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from .sources import (BINDING_SOURCE, CXX_FLAGS, HEADERS, KERNEL_SOURCES, MCC_FLAGS,
-                      NVCC_FLAGS, csrc_dir)
+                      NVCC_FLAGS, csrc_dir, write_mu_wrappers)
 
 
 def source_hash(root: Path) -> str:
@@ -59,14 +59,9 @@ def build(device_type: str):
                     extra_cuda_cflags=NVCC_FLAGS, build_directory=str(directory), verbose=verbose)
     from torch_musa.utils import musa_extension
 
-    # mcc compiles .mu files: wrap each .cu in a one-line .mu that includes it
-    mu_dir = directory / "mu"
-    mu_dir.mkdir(exist_ok=True)
-    sources = [str(root / BINDING_SOURCE)]
-    for src in KERNEL_SOURCES:
-        wrapper = mu_dir / (Path(src).stem + ".mu")
-        wrapper.write_text(f'#include "{root / src}"\n')
-        sources.append(str(wrapper))
+    # torch_musa's own loader, not torchada's ported CUDAExtension route: the sources are
+    # portable already (see sources.write_mu_wrappers and the README's csrc section)
+    sources = [str(root / BINDING_SOURCE)] + write_mu_wrappers(root, directory / "mu")
     return musa_extension.load(name=name, sources=sources, extra_include_paths=include,
                                extra_cflags=CXX_FLAGS + ["-DUSE_MUSA"], extra_musa_cflags=MCC_FLAGS,
                                build_directory=str(directory), verbose=verbose)
