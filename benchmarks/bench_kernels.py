@@ -102,7 +102,8 @@ def permute_eager(tokens, routing_map):
     try:
         from megatron.core.transformer.moe.moe_utils import permute
 
-        return permute(tokens, routing_map)
+        # num_out_tokens: required from 0.17, which also returns pad offsets and counts
+        return permute(tokens, routing_map, num_out_tokens=int(routing_map.sum()))[:3]
     except ImportError:
         num_tokens, num_experts = routing_map.shape
         mask_t = routing_map.T.contiguous()

@@ -125,13 +125,17 @@ def test_against_upstream_num_floating_point_operations(lm_path):
     dense and GQA; for MoE it lacks the router and adds MTP norms (3h); for MLA it adds the
     q/kv RMSNorms (q_lora_rank + kv_lora_rank per layer)."""
     payload = {name: (vars(args), batch) for name, (args, batch, _) in CASES.items()}
+    # later releases read more attributes (hybrid_layer_pattern, ...): unset ones are None, as
+    # Megatron-LM's parser leaves them without their flags
     code = (
         "import json, sys, types\n"
         "import megatron_musa_patch\n"
         "from megatron.training.training import num_floating_point_operations as count\n"
+        "class Args(types.SimpleNamespace):\n"
+        "    def __getattr__(self, name):\n"
+        "        return None\n"
         "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps({k: count(types.SimpleNamespace(**a), b) for k, (a, b) in "
-        "cases.items()}))\n")
+        "print(json.dumps({k: count(Args(**a), b) for k, (a, b) in cases.items()}))\n")
     proc = run_python(code, args=(json.dumps(payload),),
                       env=subprocess_env(MEGATRON_LM_PATH=str(lm_path),
                                          MEGATRON_MUSA_PATCH_DEVICE="cpu"))

@@ -45,8 +45,9 @@ def _run(dtype, routing_map, probs, hidden, drop_and_pad=False, seed=1):
             permuted, permuted_probs, index = mp.permute(
                 x, routing_map, probs=p, num_out_tokens=num_out, drop_and_pad=drop_and_pad)
         else:
+            # from 0.17 upstream also returns pad offsets and token counts
             permuted, permuted_probs, index = moe_utils.permute(
-                x, routing_map, probs=p, num_out_tokens=num_out, drop_and_pad=drop_and_pad)
+                x, routing_map, probs=p, num_out_tokens=num_out, drop_and_pad=drop_and_pad)[:3]
         expert_out = permuted * 1.5 + 0.25  # stands in for the experts
         if fused:
             out = mp.unpermute(expert_out, index, x.shape, probs=p)
@@ -93,7 +94,8 @@ def test_gpu_matches_upstream(dtype):
     tokens = torch.randn(300, 64)
     x, p, m = tokens.cuda().to(dtype), probs.cuda(), routing_map.cuda()
     perm, perm_probs, index = mp.permute(x, m, probs=p)
-    ref_perm, ref_probs, ref_index = moe_utils.permute(x, m, probs=p)
+    ref_perm, ref_probs, ref_index = moe_utils.permute(x, m, probs=p,
+                                                       num_out_tokens=int(m.sum()))[:3]
     assert torch.equal(perm, ref_perm) and torch.equal(perm_probs, ref_probs)
     out = mp.unpermute(perm * 2, index, x.shape, probs=p)
     ref = moe_utils.unpermute(ref_perm * 2, ref_index, x.shape, probs=p, routing_map=m)
@@ -104,7 +106,7 @@ def test_gpu_matches_upstream(dtype):
 def test_unpermute_without_probs_and_te_style_entry_points():
     routing_map, probs = _routing(9, 4, 2)
     tokens = torch.randn(9, 5)
-    ref_perm, _, ref_idx = moe_utils.permute(tokens, routing_map, num_out_tokens=18)
+    ref_perm, _, ref_idx = moe_utils.permute(tokens, routing_map, num_out_tokens=18)[:3]
     perm, row_map = mp.fused_permute(tokens, routing_map, num_out_tokens=18)
     assert torch.equal(perm, ref_perm)
     ref = moe_utils.unpermute(ref_perm, ref_idx, tokens.shape)
