@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import List
 
+from ..conditions import importable
+
 #: config/args attribute -> command-line flag
 FLAGS = {
     "attn_recompute": "--attn-recompute",
@@ -57,6 +59,27 @@ def upstream_modules(settings) -> List[str]:
     return modules
 
 
+def full_recompute_is_off(settings) -> bool:
+    """``--recompute-granularity full --recompute-method block --recompute-num-layers 0``: full
+    granularity that recomputes no layer (MT-Megatron's scripts pass it with the fine-grained
+    flags; upstream's block loop then runs every layer's normal forward)."""
+    return (granularity(settings) == "full"
+            and getattr(settings, "recompute_method", None) == "block"
+            and getattr(settings, "recompute_num_layers", None) == 0)
+
+
+def upstream_problems(settings) -> List[str]:
+    """Upstream recompute settings that cannot work, whatever our flags say."""
+    if (granularity(settings) == "full" and getattr(settings, "recompute_method", None) ==
+            "uniform" and getattr(settings, "recompute_num_layers", None) == 0):
+        return ["--recompute-granularity full --recompute-method uniform --recompute-num-layers "
+                "0 never ends: upstream's uniform method advances by --recompute-num-layers "
+                "layers at a time. Give --recompute-num-layers 1 or more (layers per recomputed "
+                "chunk), or use --recompute-method block --recompute-num-layers 0 to recompute "
+                "no layer fully."]
+    return []
+
+
 def problems(settings, *, check_impl: bool = True) -> List[str]:
     """One message per refused combination (empty: fine).
 
@@ -69,11 +92,14 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
         return []
     named = " ".join(FLAGS[f] for f in flags)
     found = []
-    if granularity(settings) == "full":
+    if granularity(settings) == "full" and not full_recompute_is_off(settings):
         found.append(
-            f"{named} cannot be combined with --recompute-granularity full: full recompute "
-            f"already recomputes every layer from its input. Drop --recompute-granularity full "
-            f"(and --recompute-method/--recompute-num-layers), or drop {named}.")
+            f"{named} cannot be combined with --recompute-granularity full --recompute-method "
+            f"{getattr(settings, 'recompute_method', None)} --recompute-num-layers "
+            f"{getattr(settings, 'recompute_num_layers', None)}: full recompute already "
+            f"recomputes those layers from their input. Drop --recompute-granularity full (and "
+            f"--recompute-method/--recompute-num-layers), give --recompute-method block "
+            f"--recompute-num-layers 0 (no layer fully recomputed), or drop {named}.")
     modules = upstream_modules(settings)
     for flag in flags:
         twice = [m for m in modules if m in COVERED[flag]]
@@ -104,10 +130,6 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
         if getattr(settings, attr, False):
             found.append(f"{named} is not supported with {flag} (it splits the layer's forward "
                          f"into pieces that these flags' checkpoints would cut across); drop one.")
-    if "mlp_recompute" in flags and getattr(settings, "moe_shared_expert_overlap", False):
-        found.append("--mlp-recompute is not supported with --moe-shared-expert-overlap: the "
-                     "overlapped shared expert runs inside the token dispatcher, outside any "
-                     "checkpoint. Drop --moe-shared-expert-overlap.")
     if "recompute_variance" in flags:
         impl = getattr(settings, "transformer_impl", "local")
         if check_impl and impl != "local":
@@ -119,10 +141,12 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
                 f"its own linear backward.")
         experts = getattr(settings, "num_experts", None) or getattr(settings, "num_moe_experts",
                                                                      None)
-        if "mlp_recompute" in flags and experts and getattr(settings, "moe_grouped_gemm", False):
+        if "mlp_recompute" in flags and experts and getattr(settings, "moe_grouped_gemm", False) \
+                and importable("grouped_gemm"):
             found.append(
-                "--recompute-variance with --mlp-recompute on MoE layers needs per-expert "
-                "linear layers (SequentialMLP); --moe-grouped-gemm runs the experts' fc2 as one "
-                "grouped GEMM without a separate backward. Drop --moe-grouped-gemm or "
-                "--recompute-variance.")
+                "--recompute-variance with --mlp-recompute and --moe-grouped-gemm skips the "
+                "grouped experts' fc2 GEMM in the recompute and applies its backward on its own; "
+                "the installed grouped_gemm package, which then runs the experts, offers no such "
+                "backward. Uninstall grouped_gemm (the layer's grouped GEMM, feature moe_fusion, "
+                "then serves --moe-grouped-gemm), or drop --recompute-variance.")
     return found

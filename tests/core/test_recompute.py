@@ -32,6 +32,14 @@ LAYOUTS = {
                                         "--shared-gate", "--distributed-optimizer"]),
     "moe-mtp-pp2": (2, ["--experts", "4", "--dispatcher", "allgather", "--mtp", "1",
                         "--pp", "2", "--moe-layer-freq", "[0,1]"]),
+    # --moe-grouped-gemm (GroupedMLP: variance skips its grouped fc2 GEMM) with the shared
+    # expert overlapped with the dispatch (--mlp-recompute releases its activations)
+    "moe-ep2-grouped-shared-overlap": (2, ["--experts", "4", "--ep", "2", "--shared-expert", "32",
+                                           "--shared-gate", "--shared-overlap",
+                                           "--grouped-gemm"]),
+    "moe-grouped-bf16": (2, ["--experts", "4", "--ep", "2", "--shared-expert", "32",
+                             "--shared-overlap", "--grouped-gemm", "--bf16",
+                             "--combos", "mlp,mlp+variance,attn+mlp+variance"]),
     "mla": (1, ["--mla"]),
     "bf16": (1, ["--bf16", "--combos", "attn+mlp,attn+mlp+variance,variance"]),
 }
@@ -80,6 +88,9 @@ def test_every_combination_is_bitwise_equal_to_no_recompute(layout, tmp_path):
         # ...and a norm output is recomputed in every block that is not
         assert (counts["norm recompute"] > 0) == (variance and blocks < 2 or (
             "mlp" in ours and "--experts" in LAYOUTS[layout][1])), (key, counts)
+        # the overlapped shared expert's activations are released and recomputed with mlp
+        assert (counts.get("released recompute", 0) > 0) == (
+            "mlp" in ours and "--shared-overlap" in LAYOUTS[layout][1]), (key, counts)
 
 
 MEMORY = r'''
@@ -90,8 +101,12 @@ from tests.core import recompute_layer as rl
 rl.init_single_rank()
 dense = rl.Shape()
 moe = rl.Shape(experts=4, shared_expert=96, ffn=128)
+overlap = rl.Shape(experts=4, shared_expert=96, ffn=128, shared_overlap=True)
+grouped = rl.Shape(experts=4, shared_expert=96, ffn=128, grouped=True)
 out = {"dense": {k: rl.block_bytes(dense, k) for k in rl.SETTINGS},
        "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance")},
+       "moe_overlap": {k: rl.block_bytes(overlap, k) for k in ("none", "mlp")},
+       "moe_grouped": {k: rl.block_bytes(grouped, k) for k in ("none", "mlp", "mlp+variance")},
        "norm_output": dense.seq * dense.batch * dense.hidden * 4, "hidden": dense.hidden}
 print("RESULT " + json.dumps(out))
 '''
@@ -148,3 +163,21 @@ def test_moe_mlp_recompute_keeps_only_the_experts_input_not_the_dispatch(memory)
         assert m[setting]["shared_experts_held"] == 0, setting
         assert m[setting]["mlp"] < m["none"]["mlp"] - (m["none"]["experts_held"]
                                                        - m["none"]["experts_inputs"])
+
+
+def test_overlapped_shared_expert_under_mlp_recompute_holds_what_the_checkpointed_one_does(
+        memory):
+    """--moe-shared-expert-overlap keeps the shared expert in the token dispatch; with
+    --mlp-recompute its fc1 output and activation are released, so the MLP block holds exactly
+    what it holds when the shared expert is checkpointed as a whole (no overlap)."""
+    o, m = memory["moe_overlap"], memory["moe"]
+    assert o["mlp"]["mlp"] < o["none"]["mlp"]
+    assert o["mlp"]["mlp"] == m["mlp"]["mlp"], (o["mlp"]["mlp"], m["mlp"]["mlp"])
+    assert o["none"]["mlp"] == m["none"]["mlp"]  # the overlap itself changes nothing held
+
+
+def test_grouped_experts_keep_only_their_input_under_mlp_recompute(memory):
+    g = memory["moe_grouped"]
+    for setting in ("mlp", "mlp+variance"):
+        assert g[setting]["experts_held"] == g[setting]["experts_inputs"], setting
+        assert g[setting]["mlp"] < g["none"]["mlp"], setting
