@@ -45,8 +45,9 @@ def fc1_and_activation(wrapped, instance, args, kwargs, *, active: bool):
 def fc2(wrapped, instance, args, kwargs, *, active: bool):
     """``SharedExpertMLP.linear_fc2_forward``: then release what fc1 and the activation made."""
     result = wrapped(*args, **kwargs)
-    pending = _pending.pop(instance, None)
-    if active and pending is not None:
+    # only the wrapper that recorded the pieces takes them (two features may wrap this)
+    pending = _pending.pop(instance, None) if active else None
+    if pending is not None:
         fc1_wrapped, fc1_input, fc1_output, activation = pending
         released.release(
             (fc1_output, activation), lambda: _recompute(instance, fc1_wrapped, fc1_input),

@@ -52,7 +52,8 @@ def _training_call(module, kwargs=None) -> bool:
 
 def verify(session, config) -> None:
     """The rules, once per combination of settings on this config (users may change them)."""
-    key = (_flags(config), getattr(config, "recompute_granularity", None),
+    key = (tuple(rules.requested(config)), getattr(config, "recompute_granularity", None),
+           getattr(config, "recompute_method", None), getattr(config, "recompute_num_layers", None),
            tuple(getattr(config, "recompute_modules", None) or ()))
     if getattr(config, "_mmp_recompute_verified", None) == key:
         return
@@ -60,7 +61,7 @@ def verify(session, config) -> None:
     if found:
         raise ArgumentError(found[0])
     for flag in rules.requested(config):
-        session.require(FEATURE, rules.FLAGS[flag])
+        session.require(rules.FEATURES[flag], rules.ALL_FLAGS[flag])
     config._mmp_recompute_verified = key
 
 

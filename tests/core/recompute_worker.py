@@ -34,11 +34,20 @@ COMBOS = {
     "attn+upstream_mlp": ("attn_recompute",),
     "mlp+variance+upstream_core_attn": ("mlp_recompute", "recompute_variance"),
     "variance+upstream_mlp": ("recompute_variance",),
+    # MT-Megatron's RMSNorm variants (plugins recompute.mla_rms / recompute.mlp_rms)
+    "q_rms": ("q_rms_recompute",),
+    "q_rms+variance": ("q_rms_recompute", "recompute_variance"),
+    "attn+mla_rms+q_rms": ("attn_recompute", "mla_rms_recompute", "q_rms_recompute"),
+    "mlp_rms": ("mlp_rms_recompute",),
+    "mlp_rms+variance": ("mlp_rms_recompute", "recompute_variance"),
+    "mt_all": ("attn_recompute", "mlp_recompute", "recompute_variance", "mla_rms_recompute",
+               "mlp_rms_recompute", "q_rms_recompute"),
 }
 UPSTREAM = {"upstream_mlp": ["mlp"], "upstream_core_attn": ["core_attn"]}
 DEFAULT_COMBOS = ("attn", "mlp", "attn+mlp", "attn+variance", "mlp+variance",
                   "attn+mlp+variance", "variance")
-FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance")
+FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance", "q_rms_recompute",
+         "mla_rms_recompute", "mlp_rms_recompute")
 
 
 def parse(argv):
@@ -57,6 +66,8 @@ def parse(argv):
                    help="--moe-shared-expert-overlap (the dispatcher runs the shared expert)")
     p.add_argument("--mtp", type=int, default=0, help="MTP layers")
     p.add_argument("--mla", action="store_true")
+    p.add_argument("--q-lora-rank", type=int, default=None, help="MLA query compression")
+    p.add_argument("--qk-layernorm", action="store_true", help="MLA's q/kv RMSNorms")
     p.add_argument("--bias", action="store_true", help="linear biases (bias in bias-dropout-add)")
     p.add_argument("--distributed-optimizer", action="store_true")
     p.add_argument("--bf16", action="store_true")
@@ -172,8 +183,9 @@ def build(opts, combo, dropout, pre, post, vp_stage):
     if upstream:
         kwargs.update(recompute_granularity="selective", recompute_modules=upstream)
     if opts.mla:
-        kwargs.update(q_lora_rank=None, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=8,
-                      v_head_dim=8, rotary_scaling_factor=1.0, num_query_groups=opts.heads)
+        kwargs.update(q_lora_rank=opts.q_lora_rank, kv_lora_rank=16, qk_head_dim=8,
+                      qk_pos_emb_head_dim=8, v_head_dim=8, rotary_scaling_factor=1.0,
+                      num_query_groups=opts.heads, qk_layernorm=opts.qk_layernorm)
         config = MLATransformerConfig(**kwargs)
     else:
         config = TransformerConfig(**kwargs)

@@ -93,6 +93,48 @@ def test_every_combination_is_bitwise_equal_to_no_recompute(layout, tmp_path):
             "mlp" in ours and "--shared-overlap" in LAYOUTS[layout][1]), (key, counts)
 
 
+MLA = ["--mla", "--q-lora-rank", "16", "--qk-layernorm"]
+MOE = ["--experts", "4", "--ep", "2", "--shared-expert", "32"]
+RMS_COMBOS = ["--combos", "mlp_rms,mlp_rms+variance,mt_all"]
+#: MT-Megatron's RMSNorm variants (plugins recompute.mla_rms, recompute.mlp_rms); mt_all is
+#: MT's DeepSeek-V2-236B set: --attn-recompute --mlp-recompute --recompute-variance
+#: --mla-rms-recompute --mlp-rms-recompute --q-rms-recompute
+RMS_LAYOUTS = {
+    "mla-q-rms": (1, [*MLA, "--combos", "q_rms,q_rms+variance,attn+mla_rms+q_rms"]),
+    "moe-mla-mlp-rms": (2, [*MOE, "--shared-gate", *MLA, *RMS_COMBOS]),
+    "moe-mla-mlp-rms-grouped-overlap": (2, [*MOE, "--shared-overlap", "--grouped-gemm", *MLA,
+                                            *RMS_COMBOS]),
+}
+
+
+@pytest.mark.parametrize("layout", list(RMS_LAYOUTS))
+def test_rms_norm_variants_are_bitwise_equal_to_no_recompute(layout, tmp_path):
+    LAYOUTS[layout] = RMS_LAYOUTS[layout]
+    try:
+        results = run_layout(layout, tmp_path)
+    finally:
+        del LAYOUTS[layout]
+    flags = RMS_LAYOUTS[layout][1]
+    combos = flags[flags.index("--combos") + 1].split(",")
+    assert sorted(results) == sorted(f"{c} dropout={d}" for c in combos for d in (0.0, 0.1))
+    bad = {k: (v["max_abs_diff_rank0"], v["differing_on_rank0"]) for k, v in results.items()
+           if not (v["losses_equal"] and v["grads_equal"])}
+    assert not bad, bad
+    overlap = "--shared-overlap" in flags
+    for key, res in results.items():
+        combo, counts = key.split(" ")[0], res["counts"]
+        if combo.startswith("q_rms"):  # the q/kv norm outputs, nothing checkpointed
+            assert counts["norm recompute"] > 0 and counts["block recompute"] == 0, (key, counts)
+        elif combo == "attn+mla_rms+q_rms":  # inside the attention checkpoint: nothing more
+            assert counts["norm recompute"] == 0 and counts["block recompute"] > 0, (key, counts)
+        elif combo.startswith("mlp_rms"):  # the pre-MLP norm output and the shared expert
+            assert counts["norm recompute"] > 0, (key, counts)
+            assert (counts["block recompute"] > 0) == (not overlap), (key, counts)
+            assert (counts["released recompute"] > 0) == overlap, (key, counts)
+        else:  # mt_all
+            assert counts["block recompute"] > 0 and counts["skipped linear forward"] > 0
+
+
 MEMORY = r'''
 import json, sys
 import megatron_musa_patch
