@@ -1,0 +1,57 @@
+"""``--wait-after-ckpt S``: after each checkpoint save, every rank waits S seconds before training
+on (MT-Megatron's flag; its tutorial: "the time to wait after each checkpoint save, in
+seconds"), e.g. to let a network file system settle. 0 (the default) does not wait.
+
+``megatron.training.training.save_checkpoint_and_time`` (the periodic, signal-triggered and
+final saves all go through it) is wrapped; rank 0 says how long it waited.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+from ...errors import ArgumentError
+from ...hookspecs import hookimpl
+from ...registry import Patch
+
+FEATURE = "mt_megatron.wait_after_ckpt"
+REQUIRED = False
+DESCRIPTION = "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)"
+
+
+@hookimpl
+def mmp_add_arguments(parser):
+    group = parser.add_argument_group("checkpointing (MT-Megatron spellings)")
+    group.add_argument("--wait-after-ckpt", type=float, default=0.0,
+                       help="Seconds every rank waits after each checkpoint save (0: none).")
+
+
+@hookimpl
+def mmp_validate_args(args):
+    wait = getattr(args, "wait_after_ckpt", 0.0)
+    if wait < 0:
+        raise ArgumentError(f"--wait-after-ckpt {wait:g}: give the seconds to wait after each "
+                            f"checkpoint save, 0 or more.")
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    registry.add(Patch(f"{FEATURE}.save", "megatron.training.training:save_checkpoint_and_time",
+                       "wrap", functools.partial(after_save, time.sleep), FEATURE,
+                       why="--wait-after-ckpt: wait after each checkpoint save"))
+
+
+def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):
+    result = wrapped(*args, **kwargs)
+    if get_args is None:
+        from megatron.training import get_args
+    wait = float(getattr(get_args(), "wait_after_ckpt", 0.0) or 0.0)
+    if wait > 0:
+        sleep(wait)
+        if os.environ.get("RANK", "0") == "0":
+            iteration = args[0] if args else kwargs.get("iteration")
+            print(f"megatron_musa_patch: --wait-after-ckpt: waited {wait:g} s after saving the "
+                  f"checkpoint of iteration {iteration}", flush=True)
+    return result
