@@ -345,3 +345,18 @@ def test_each_new_flag_is_refused_when_its_feature_is_switched_off(feature, argv
     parser = argparse.ArgumentParser()
     megatron_args.add_plugin_arguments(on, parser)
     megatron_args.check_flag_needs(on, parser.parse_args(argv))
+
+
+def test_doctor_names_the_mt_switches_and_what_the_overlapped_shared_expert_gets():
+    from ..conftest import run_python, subprocess_env
+
+    proc = run_python("import sys; from megatron_musa_patch.cli import main; "
+                      "sys.exit(main(['doctor']))",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
+                                         ENABLE_ZERO_BUBBLE="1", USE_RECOMPUTE_VARIANCE="1"))
+    out = proc.stdout
+    assert "MT-Megatron switch   NOT honoured: ENABLE_ZERO_BUBBLE=1: asks for MT's zero-bubble" \
+        in out, out[-3000:] + proc.stderr[-2000:]
+    assert "MT-Megatron switch   honoured: USE_RECOMPUTE_VARIANCE=1" in out
+    row = next(l for l in out.splitlines() if "recompute.overlapped_shared_expert_fc2" in l)
+    assert "--moe-shared-expert-overlap" in row and "released and recomputed" in row
