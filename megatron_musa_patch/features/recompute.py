@@ -11,6 +11,12 @@
   the saved output gradient without re-running its forward; in a block that is not recomputed,
   the norm output is not kept but recomputed from the block input.
 
+Also: the grouped experts' fc2 GEMM skipped in the variance recompute (``GroupedMLP``), a shared
+expert overlapped with the token dispatch (``--moe-shared-expert-overlap``) recomputed without
+losing the overlap, and upstream's ``--recompute-granularity full --recompute-method block
+--recompute-num-layers 0`` (no layer fully recomputed) accepted beside the flags. The RMSNorm
+variants of MT-Megatron are parts of this feature (``recompute_mla_rms``, ``recompute_mlp_rms``).
+
 Checkpoints are Megatron's own (``tensor_parallel.checkpoint``, ``CheckpointWithoutOutput``),
 which restore the CPU, device and RNG-tracker states, so dropout matches bit for bit. The flags
 are carried onto the TransformerConfig (``attn_recompute``, ``mlp_recompute``,

@@ -31,8 +31,9 @@ SETTINGS: Dict[str, Tuple[tuple, dict]] = {
     "mlp+variance": (("mlp_recompute", "recompute_variance"), {}),
     "attn+mlp": (("attn_recompute", "mlp_recompute"), {}),
     "attn+mlp+variance": (("attn_recompute", "mlp_recompute", "recompute_variance"), {}),
+    "mlp_rms": (("mlp_rms_recompute",), {}),  # MT-Megatron's --mlp-rms-recompute
 }
-FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance")
+FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance", "mlp_rms_recompute")
 
 
 @dataclasses.dataclass

@@ -146,7 +146,8 @@ moe = rl.Shape(experts=4, shared_expert=96, ffn=128)
 overlap = rl.Shape(experts=4, shared_expert=96, ffn=128, shared_overlap=True)
 grouped = rl.Shape(experts=4, shared_expert=96, ffn=128, grouped=True)
 out = {"dense": {k: rl.block_bytes(dense, k) for k in rl.SETTINGS},
-       "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance")},
+       "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance",
+                                                   "mlp_rms")},
        "moe_overlap": {k: rl.block_bytes(overlap, k) for k in ("none", "mlp")},
        "moe_grouped": {k: rl.block_bytes(grouped, k) for k in ("none", "mlp", "mlp+variance")},
        "norm_output": dense.seq * dense.batch * dense.hidden * 4, "hidden": dense.hidden}
@@ -223,3 +224,14 @@ def test_grouped_experts_keep_only_their_input_under_mlp_recompute(memory):
     for setting in ("mlp", "mlp+variance"):
         assert g[setting]["experts_held"] == g[setting]["experts_inputs"], setting
         assert g[setting]["mlp"] < g["none"]["mlp"], setting
+
+
+def test_mlp_rms_recompute_drops_the_norm_output_and_the_shared_experts_activations(memory):
+    """--mlp-rms-recompute on a MoE layer: the shared expert holds nothing (checkpointed, its input
+    is the released norm output), the routed experts keep what they keep without recompute."""
+    m = memory["moe"]
+    assert m["mlp_rms"]["shared_experts_held"] == 0 < m["none"]["shared_experts_held"]
+    assert m["mlp_rms"]["experts_held"] == m["none"]["experts_held"]
+    released = m["none"]["shared_experts_held"] + memory["norm_output"]
+    assert m["mlp_rms"]["mlp"] <= m["none"]["mlp"] - released + memory["norm_output"], m
+    assert m["mlp_rms"]["mlp"] < m["none"]["mlp"]

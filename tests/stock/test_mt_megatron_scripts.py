@@ -59,9 +59,12 @@ def blended(tmp_path_factory):
 
 def seed_groups(data_path, tokenizer, save, iters):
     """The tutorial's argument groups, in its order and spelling, at toy sizes (TP1 x PP2 on 2
-    ranks: the pipeline flags need PP; EP1). --train-samples is marked "not enabled" there."""
+    ranks: the pipeline flags need PP; EP1). With its 2 first-stage layers and 2-layer virtual
+    stages each rank holds one virtual stage (an interleaved schedule with
+    --no-overlap-p2p-communication would need 3 pipeline stages: Megatron-LM's rule).
+    --train-samples is marked "not enabled" there."""
     return {
-        "MODEL_ARGS": ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
+        "MODEL_ARGS": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                        "--seq-length", "64", "--max-position-embeddings", "64",
                        "--norm-epsilon", "1e-6", "--attention-dropout", "0.0",
                        "--hidden-dropout", "0.0", "--disable-bias-linear", "--vocab-size", "1024",
@@ -78,7 +81,7 @@ def seed_groups(data_path, tokenizer, save, iters):
                      "--moe-device-level-capacity", "--moe-device-level-aux-loss-coeff", "5e-2",
                      "--moe-comm-aux-loss-coeff", "2e-2", "--moe-ffn-hidden-size", "32",
                      "--moe-shared-expert-intermediate-size", "64",
-                     "--moe-layer-freq", "([0]*1+[1]*7)", "--moe-grouped-gemm"],
+                     "--moe-layer-freq", "([0]*1+[1]*3)", "--moe-grouped-gemm"],
         "MLA_ARGS": ["--q-lora-rank", "32", "--kv-lora-rank", "32", "--qk-head-dim", "16",
                      "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
                      "--rotary-scaling-factor", "1", "--use-multi-token-prediction",
@@ -94,8 +97,8 @@ def seed_groups(data_path, tokenizer, save, iters):
                           "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion",
                           "--no-persist-layer-norm",
                           "--num-layers-per-virtual-pipeline-stage", "2",
-                          "--decoder-first-pipeline-num-layers", "4",
-                          "--decoder-last-pipeline-num-layers", "4", "--wait-after-ckpt", "0",
+                          "--decoder-first-pipeline-num-layers", "2",
+                          "--decoder-last-pipeline-num-layers", "2", "--wait-after-ckpt", "0",
                           "--overlap-param-gather", "--tp-comm-overlap",
                           "--disable-tp-comm-overlap-ag", "--no-overlap-p2p-communication"],
         "OFFLOAD_ARGS": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
@@ -155,7 +158,8 @@ def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_p
                         ("moe_shared_expert_overlap", "True"), ("optimizer_cpu_offload", "True"),
                         ("mtp_num_layers", "1"), ("mtp_loss_scaling_factor", "0.3"),
                         ("wait_after_ckpt", "0.0"), ("tp_comm_overlap", "False"),
-                        ("virtual_pipeline_model_parallel_size", "2"),
+                        ("num_virtual_stages_per_pipeline_rank", "1"),
+                        ("decoder_first_pipeline_num_layers", "2"),
                         ("moe_device_level_capacity", "True"), ("multi_latent_attention", "True")):
         assert re.search(rf"\b{name} \.+ {re.escape(value)}\n", log), (name, value)
     assert log.count("--tp-comm-overlap overlaps tensor-parallel communication") == 1

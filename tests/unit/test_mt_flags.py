@@ -15,14 +15,15 @@ from megatron_musa_patch.features import (megatron_args, moe_balance_complementa
                                           moe_balance_topk_norm, recompute, recompute_mla_rms,
                                           recompute_mlp_rms, te_absent)
 from megatron_musa_patch.features.mt_megatron import (env_switches, router_flags,
-                                                      tp_only_amax_red, wait_after_ckpt)
+                                                      tp_only_amax_red, virtual_pipeline,
+                                                      wait_after_ckpt)
 from megatron_musa_patch.settings import Settings
 
 from .sessions import make_session
 
 PLUGINS = (recompute, recompute_mla_rms, recompute_mlp_rms, moe_balance_complementary,
            moe_balance_topk_norm, router_flags, wait_after_ckpt, tp_only_amax_red,
-           env_switches, te_absent)
+           virtual_pipeline, env_switches, te_absent)
 
 
 def margs(**kw):
@@ -330,6 +331,16 @@ FLAG_CASES = [
 ]
 
 
+def test_uneven_virtual_stages_need_their_feature():
+    session = make_session(*PLUGINS, disable=("mt_megatron.virtual_pipeline",))
+    with pytest.raises(FeatureUnavailableError, match="--num-layers-per-virtual-pipeline-stage "
+                                                      "needs the feature 'mt_megatron.virtual_"
+                                                      "pipeline' .with --decoder-first/last"):
+        megatron_args.check_flag_needs(session, pipeline())
+    megatron_args.check_flag_needs(session, pipeline(decoder_first_pipeline_num_layers=None,
+                                                     decoder_last_pipeline_num_layers=None))
+
+
 @pytest.mark.parametrize("feature, argv, flag", FLAG_CASES)
 def test_each_new_flag_is_refused_when_its_feature_is_switched_off(feature, argv, flag):
     session = make_session(*PLUGINS, disable=(feature,))
@@ -360,3 +371,40 @@ def test_doctor_names_the_mt_switches_and_what_the_overlapped_shared_expert_gets
     assert "MT-Megatron switch   honoured: USE_RECOMPUTE_VARIANCE=1" in out
     row = next(l for l in out.splitlines() if "recompute.overlapped_shared_expert_fc2" in l)
     assert "--moe-shared-expert-overlap" in row and "released and recomputed" in row
+
+
+
+def pipeline(**kw):
+    base = dict(num_layers=8, pipeline_model_parallel_size=2,
+                num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=None,
+                pipeline_model_parallel_layout=None, decoder_first_pipeline_num_layers=4,
+                decoder_last_pipeline_num_layers=4, overlap_p2p_comm=True)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_layers_per_virtual_stage_with_an_uneven_pipeline_become_stages_per_rank():
+    args = pipeline()
+    virtual_pipeline.mmp_validate_args(args=args)
+    assert (args.num_virtual_stages_per_pipeline_rank,
+            args.num_layers_per_virtual_pipeline_stage) == (2, None)
+    args = pipeline(num_layers=12, pipeline_model_parallel_size=4,
+                    decoder_first_pipeline_num_layers=2, decoder_last_pipeline_num_layers=None)
+    virtual_pipeline.mmp_validate_args(args=args)  # 10 layers over 3 stages: upstream says so
+    assert args.num_layers_per_virtual_pipeline_stage == 2
+    assert virtual_pipeline.stage_layers(12, 4, 2, None) is None
+    assert virtual_pipeline.stage_layers(12, 4, 3, None) == [3, 3, 3, 3]
+    assert virtual_pipeline.stage_layers(12, 4, None, 6) == [2, 2, 2, 6]
+    even = pipeline(decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
+    virtual_pipeline.mmp_validate_args(args=even)  # even pipelines: upstream's own handling
+    assert even.num_layers_per_virtual_pipeline_stage == 2
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(decoder_first_pipeline_num_layers=2, decoder_last_pipeline_num_layers=6),
+     r"stages of \[2, 6\] layers"),
+    (dict(overlap_p2p_comm=False), "needs --pipeline-model-parallel-size 3 or more"),
+])
+def test_uneven_virtual_stages_that_cannot_work_are_one_paragraph(kw, match):
+    with pytest.raises(ArgumentError, match=match):
+        virtual_pipeline.mmp_validate_args(args=pipeline(**kw))

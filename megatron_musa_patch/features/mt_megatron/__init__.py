@@ -9,6 +9,9 @@ means all of them):
 * ``mt_megatron.wait_after_ckpt`` -- ``--wait-after-ckpt S``: wait S seconds after each save;
 * ``mt_megatron.tp_only_amax_red`` -- ``--tp-only-amax-red``: upstream's config field (FP8 amax
   reduced over the TP group only), refused without FP8;
+* ``mt_megatron.virtual_pipeline`` -- the tutorial's ``--num-layers-per-virtual-pipeline-stage``
+  with ``--decoder-first/last-pipeline-num-layers``, which Megatron-LM 0.16 asserts for: passed on
+  as ``--num-virtual-stages-per-pipeline-rank`` where the stages split alike;
 * ``mt_megatron.env_switches`` -- MT's environment switches (``ENABLE_ZERO_BUBBLE``, ``USE_EPX``,
   ...): honoured where the layer does the same thing, named in one warning otherwise.
 
@@ -20,6 +23,6 @@ the device-level MoE losses (``moe_device_balance``), ``--moe-complementary-seq-
 (``moe_device_balance.topk_prob_norm``), the MTP spellings (``mtp_flags``).
 """
 
-from . import env_switches, router_flags, tp_only_amax_red, wait_after_ckpt
+from . import env_switches, router_flags, tp_only_amax_red, virtual_pipeline, wait_after_ckpt
 
-PLUGINS = (router_flags, wait_after_ckpt, tp_only_amax_red, env_switches)
+PLUGINS = (router_flags, wait_after_ckpt, tp_only_amax_red, virtual_pipeline, env_switches)
