@@ -154,7 +154,7 @@ def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_p
     # the flags reached Megatron with their meaning
     for name, value in (("attn_recompute", "True"), ("mlp_recompute", "True"),
                         ("recompute_variance", "True"), ("recompute_granularity", "full"),
-                        ("recompute_num_layers", "0"), ("moe_grouped_gemm", "True"),
+                        ("recompute_num_layers", "0"),
                         ("moe_shared_expert_overlap", "True"), ("optimizer_cpu_offload", "True"),
                         ("mtp_num_layers", "1"), ("mtp_loss_scaling_factor", "0.3"),
                         ("wait_after_ckpt", "0.0"), ("tp_comm_overlap", "False"),
@@ -163,6 +163,9 @@ def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_p
                         ("moe_device_level_capacity", "True"), ("multi_latent_attention", "True")):
         assert re.search(rf"\b{name} \.+ {re.escape(value)}\n", log), (name, value)
     assert log.count("--tp-comm-overlap overlaps tensor-parallel communication") == 1
+    # GroupedMLP (--moe-grouped-gemm; Megatron's argument dump shows it hidden from its CUDA
+    # capability check) and the local spec's MLA ran
+    assert "The legacy GroupedMLP will be deprecated" in log
     for term in ("mtp_1 loss", "seq_load_balancing_loss", "device_level_balancing_loss",
                  "communication_balancing_loss"):
         assert term in log, term
@@ -211,9 +214,9 @@ def test_mt_deepseek_v2_lite_script_trains_with_tp2_and_sequence_parallel(lm_pat
                         ("moe_complementary_seq_aux_loss", "True"),
                         ("moe_router_norm_topk_prob", "True"), ("q_rms_recompute", "True"),
                         ("mla_rms_recompute", "True"), ("mlp_rms_recompute", "True"),
-                        ("recompute_variance", "True"), ("moe_grouped_gemm", "True")):
+                        ("recompute_variance", "True")):
         assert re.search(rf"\b{name} \.+ {re.escape(value)}\n", log), (name, value)
-    assert "seq_load_balancing_loss" in log
+    assert "seq_load_balancing_loss" in log and "The legacy GroupedMLP will be deprecated" in log
     # MT's exports: the ones this layer does not honour are named once (ACCELERATOR_BACKEND=musa
     # on this CPU machine); USE_RECOMPUTE_VARIANCE=1, USE_MUSA_MOE=1, ENABLE_ZERO_BUBBLE=0 are
     assert log.count("MT-Megatron environment switches that this layer does not honour") == 1
@@ -227,7 +230,7 @@ def test_mt_script_as_shipped_stops_with_one_paragraph_without_te(lm_path, null_
     proc, log = run(["bash", str(SCRIPT)], timeout=300,
                     **mt_script_env(lm_path, tmp_path, null_tokens))
     assert proc.returncode != 0
-    assert "Traceback" not in log and "NameError" not in log, log[-4000:]
+    assert "Traceback" not in log and "NameError: name" not in log, log[-4000:]
     text = " ".join(log.split())
     assert "megatron_musa_patch: error: --transformer-impl transformer_engine (upstream's " \
         "default when the flag is not given) needs TransformerEngine" in text, log[-4000:]

@@ -65,6 +65,8 @@ def test_sigmoid_spelling_is_upstreams_score_function():
 def test_device_limited_routing_is_upstreams_group_limited_routing():
     args = route(moe_router_topk_limited_devices=2, expert_model_parallel_size=4)
     assert (args.moe_router_group_topk, args.moe_router_num_groups) == (2, 4)  # groups = EP
+    # consumed: megatron-core's deprecated config field of that name must not be set beside
+    assert args.moe_router_topk_limited_devices is None
     args = route(moe_router_topk_limited_devices=2, moe_router_num_node_group=4,
                  expert_model_parallel_size=1)
     assert (args.moe_router_group_topk, args.moe_router_num_groups) == (2, 4)  # node groups

@@ -112,6 +112,9 @@ def mmp_validate_args(args, session):
                 f"{args.moe_router_num_groups} expert groups (--expert-model-parallel-size, or "
                 f"--moe-router-num-node-group): give at most {args.moe_router_num_groups}.")
         args.moe_router_group_topk = limited
+        # consumed: upstream's deprecated TransformerConfig field of the same name is filled
+        # from args too, and megatron-core refuses it beside moe_router_group_topk
+        args.moe_router_topk_limited_devices = None
     if gamma is not None:
         if gamma <= 0:
             raise ArgumentError(f"--moe-noaux-gamma {gamma}: the bias update rate must be > 0.")
