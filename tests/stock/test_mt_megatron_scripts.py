@@ -201,8 +201,9 @@ def null_tokens(tmp_path_factory):
 
 def test_mt_deepseek_v2_lite_script_trains_with_tp2_and_sequence_parallel(lm_path, null_tokens,
                                                                          tmp_path):
-    proc, log = run(["bash", str(SCRIPT)], **mt_script_env(lm_path, tmp_path, null_tokens,
-                                                          TRANSFORMER_IMPL="local"))
+    # extra arguments go to pretrain_gpt.py: a wait after each checkpoint save
+    proc, log = run(["bash", str(SCRIPT), "--wait-after-ckpt", "1"],
+                    **mt_script_env(lm_path, tmp_path, null_tokens, TRANSFORMER_IMPL="local"))
     assert proc.returncode == 0, log[-5000:]
     losses = losses_of(log)
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values()), losses
@@ -217,6 +218,9 @@ def test_mt_deepseek_v2_lite_script_trains_with_tp2_and_sequence_parallel(lm_pat
                         ("recompute_variance", "True")):
         assert re.search(rf"\b{name} \.+ {re.escape(value)}\n", log), (name, value)
     assert "seq_load_balancing_loss" in log and "The legacy GroupedMLP will be deprecated" in log
+    for iteration in (2, 3):  # --save-interval 2, and the final save
+        assert f"--wait-after-ckpt: waited 1 s after saving the checkpoint of iteration " \
+            f"{iteration}" in log
     # MT's exports: the ones this layer does not honour are named once (ACCELERATOR_BACKEND=musa
     # on this CPU machine); USE_RECOMPUTE_VARIANCE=1, USE_MUSA_MOE=1, ENABLE_ZERO_BUBBLE=0 are
     assert log.count("MT-Megatron environment switches that this layer does not honour") == 1

@@ -199,11 +199,15 @@ def test_complementary_loss_misuse(kw, match):
 def test_wait_after_ckpt_waits_after_each_save(capsys):
     waited, saved = [], []
     after = wait_after_ckpt.after_save
+    def save_checkpoint(iteration, model, optimizer=None):  # upstream's leading parameters
+        saved.append(iteration)
+        return "done"
+
     for seconds in (0.0, 2.5):
-        result = after(waited.append, lambda *a, **k: saved.append(a) or "done", None, (7,), {},
+        result = after(waited.append, save_checkpoint, None, (7, "model"), {},
                        get_args=lambda: SimpleNamespace(wait_after_ckpt=seconds))
         assert result == "done"
-    assert saved == [(7,), (7,)] and waited == [2.5]  # 0: no wait
+    assert saved == [7, 7] and waited == [2.5]  # 0: no wait
     assert "waited 2.5 s after saving the checkpoint of iteration 7" in capsys.readouterr().out
     with pytest.raises(ArgumentError, match="--wait-after-ckpt -1: give the seconds"):
         wait_after_ckpt.mmp_validate_args(args=margs(wait_after_ckpt=-1.0))

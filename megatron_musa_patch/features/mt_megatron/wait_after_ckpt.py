@@ -2,8 +2,10 @@
 on (MT-Megatron's flag; its tutorial: "the time to wait after each checkpoint save, in
 seconds"), e.g. to let a network file system settle. 0 (the default) does not wait.
 
-``megatron.training.training.save_checkpoint_and_time`` (the periodic, signal-triggered and
-final saves all go through it) is wrapped; rank 0 says how long it waited.
+``megatron.training.checkpointing.save_checkpoint`` is wrapped (every save goes through it: the
+periodic, signal-triggered and exit saves of ``save_checkpoint_and_time`` and the final one after
+training, which ``pretrain`` calls directly; ``training.py`` imports the wrapped function); rank
+0 says how long it waited.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import os
 import time
 
+from ...binding import call_arguments
 from ...errors import ArgumentError
 from ...hookspecs import hookimpl
 from ...registry import Patch
@@ -38,8 +41,9 @@ def mmp_validate_args(args):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE}.save", "megatron.training.training:save_checkpoint_and_time",
+    registry.add(Patch(f"{FEATURE}.save", "megatron.training.checkpointing:save_checkpoint",
                        "wrap", functools.partial(after_save, time.sleep), FEATURE,
+                       rebind=("megatron.training.training", "megatron.training.utils"),
                        why="--wait-after-ckpt: wait after each checkpoint save"))
 
 
@@ -51,7 +55,7 @@ def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):
     if wait > 0:
         sleep(wait)
         if os.environ.get("RANK", "0") == "0":
-            iteration = args[0] if args else kwargs.get("iteration")
+            iteration = call_arguments(wrapped, args, kwargs).get("iteration")
             print(f"megatron_musa_patch: --wait-after-ckpt: waited {wait:g} s after saving the "
                   f"checkpoint of iteration {iteration}", flush=True)
     return result
