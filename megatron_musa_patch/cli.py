@@ -86,6 +86,11 @@ def _doctor(command: str, rest: List[str]) -> int:
             changed = state.settings.changed()
             print(f"{'settings':20} " + (", ".join(f"{k}={v}" for k, v in changed.items())
                                          or "defaults (no MEGATRON_MUSA_PATCH_* variable set)"))
+            from .features.mt_megatron import env_switches
+
+            for verdict in env_switches.verdicts(state.settings, device=state.device.name):
+                print(f"{'MT-Megatron switch':20} "
+                      f"{'honoured' if verdict.honoured else 'NOT honoured'}: {verdict.line()}")
             from .ops import kernels
 
             print(f"{'torch mapping':20} "

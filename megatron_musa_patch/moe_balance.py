@@ -104,3 +104,33 @@ def max_devices_per_token(topk: int, num_devices: int, num_groups: Optional[int]
     if num_groups and group_topk:
         return group_topk
     return min(topk, num_devices)
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V3 /
+# MT-Megatron router pieces
+
+
+def sequence_balance_loss(scores: torch.Tensor, tokens_per_expert: torch.Tensor,
+                          seq_tokens: int, bsz: int, topk: int, coeff: float) -> torch.Tensor:
+    """The complementary sequence-wise balance loss (DeepSeek-V3 eq. 17-20, as MT-Megatron
+    computes it): ``coeff * mean_b sum_i f[b, i] * P[b, i]`` with
+    ``f[b, i] = N / (K * S) * c[b, i]``, ``c`` the (token, expert) assignments of sequence ``b``
+    in the routing that happened (after group-limited routing, expert bias and capacity drops),
+    and ``P[b, i] = 1/S * sum_t s'[t, b, i]``, ``s'`` the scores normalised per token.
+
+    scores: [S_local * b, N] per-token normalised scores in Megatron's [s, b] order;
+    tokens_per_expert: [b, N] counts over the reduction group; seq_tokens: ``S``, a sequence's
+    tokens in that group (the local share of the loss is returned, as upstream does)."""
+    num_experts = scores.shape[-1]
+    per_seq = scores.reshape(-1, bsz, num_experts)  # [S_local, b, N]
+    f = tokens_per_expert.to(scores.dtype) * (num_experts / (topk * seq_tokens))
+    p = per_seq.sum(dim=0) / seq_tokens
+    return coeff * (f * p).sum(dim=-1).mean()
+
+
+def normalise_topk(probs: torch.Tensor, scaling_factor: Optional[float]) -> torch.Tensor:
+    """MT-Megatron's ``--moe-router-norm-topk-prob``: each token's selected probabilities
+    ([T, N], zero where not routed) scaled to sum 1, then by ``--moe-router-topk-scaling-factor``
+    (normalised first, as MT-Megatron and upstream's sigmoid path do)."""
+    probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+    return probs * scaling_factor if scaling_factor else probs

@@ -6,8 +6,13 @@ not know (a misspelt ``MEGATRON_MUSA_PATCH_OPS=eagr``, a variable ``MEGATRON_MUS
 is an error naming the variable, what was given and what is accepted -- never silently the
 default.
 
-``ENV_NAMES`` lists every variable of the layer, for test harnesses that must start subprocesses
-without a developer's settings leaking in.
+MT-Megatron's own switches (``ENABLE_ZERO_BUBBLE``, ``USE_EPX``, ...; ``MT_VARIABLES``) are read
+here too, into ``Settings.mt_env`` (the ones that are set, with their values): the
+``mt_megatron.env_switches`` feature honours each where the layer does the same thing and names
+the others in one warning, so that a switch set for MT-Megatron is never ignored in silence.
+
+``ENV_NAMES`` lists every variable the layer reads (its own and MT-Megatron's), for test harnesses
+that must start subprocesses without a developer's settings leaking in.
 """
 
 from __future__ import annotations
@@ -68,7 +73,16 @@ VARIABLES = (
              "built-in mapping"),
 )
 
-ENV_NAMES = tuple(v.name for v in VARIABLES)
+#: MT-Megatron's environment switches (its musa_patch reads them at import), for
+#: ``Settings.mt_env``; what each one means here is decided by features/mt_megatron/env_switches.py
+MT_VARIABLES = (
+    "ENABLE_ZERO_BUBBLE", "USE_EPX", "USE_RECOMPUTE_VARIANCE", "USE_DEEPEP_ACE", "USE_CE_ALLTOALL",
+    "USE_MUSA_MOE", "USE_MUSA_ROUTER", "ENABLE_PROFILER", "ENABLE_ASYNC_CKPT", "NO_LOSS_REDUCE",
+    "CPU_OPTIMIZER_PRECISION_AWARE_RECONFIG", "ENABLE_D2H_IN_PERMUTATION", "MLFLOW_TRACKING_URI",
+    "ACCELERATOR_BACKEND",
+)
+
+ENV_NAMES = tuple(v.name for v in VARIABLES) + MT_VARIABLES
 _BY_NAME = {v.name: v for v in VARIABLES}
 #: read by the layer but not its own (Megatron-LM's convention)
 LM_PATH_ENV = "MEGATRON_LM_PATH"
@@ -107,6 +121,8 @@ class Settings:
     #: TORCHADA_FORCE_CUDA_AVAILABLE as given (None: unset, the layer sets it to 1 on musa)
     torchada_force_cuda_available: Optional[str] = None
     lm_path: Optional[Path] = None
+    #: the MT-Megatron switches (MT_VARIABLES) that are set: ((name, value), ...)
+    mt_env: Tuple[Tuple[str, str], ...] = ()
 
     def changed(self) -> dict:
         """The variables whose value differs from the default (``mmp doctor``)."""
@@ -157,11 +173,12 @@ def _flag(environ, name) -> bool:
 def _check_names(environ: Mapping[str, str]) -> None:
     for name in environ:
         if name.startswith(PREFIX) and name not in _BY_NAME:
-            close = difflib.get_close_matches(name, ENV_NAMES, n=1)
+            own = tuple(v.name for v in VARIABLES)
+            close = difflib.get_close_matches(name, own, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise SettingsError(
                 f"{name} is not a variable of this layer ({hint}known: "
-                f"{', '.join(ENV_NAMES)}); unset it or fix its name.")
+                f"{', '.join(own)}); unset it or fix its name.")
 
 
 def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
@@ -190,4 +207,6 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         torchada_platform=environ.get(TORCHADA_PLATFORM_ENV, "").strip().lower() or None,
         torchada_force_cuda_available=environ.get(TORCHADA_FORCE_ENV),
         lm_path=Path(lm).expanduser().resolve() if lm else None,
+        mt_env=tuple((name, environ[name].strip()) for name in MT_VARIABLES
+                     if environ.get(name, "").strip()),
     )

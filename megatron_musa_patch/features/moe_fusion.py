@@ -113,6 +113,15 @@ class _GroupedGemmOps:
 
         return gmm(a, b, batch_sizes, trans_b=trans_b)
 
+    @staticmethod
+    def gmm_backward(a, b, batch_sizes, trans_b, grad):
+        """The gradients of ``gmm`` without its forward, bit for bit autograd's: offered to
+        ``--recompute-variance``, which skips the grouped experts' fc2 in the recompute (the
+        grouped_gemm package has no such entry, so there the combination is refused)."""
+        from ..ops.grouped_gemm import gmm_backward
+
+        return gmm_backward(a, b, batch_sizes, trans_b, grad)
+
 
 class _GroupedGemmPackage:
     """Stands in for ``import grouped_gemm`` in megatron-core's ``grouped_gemm_util``."""
@@ -122,8 +131,9 @@ class _GroupedGemmPackage:
 
 # ----------------------------------------------------------------------------- validation
 
-@hookimpl
+@hookimpl(trylast=True)
 def mmp_validate_args(args):
+    # trylast: every other plugin checks the flags as given before --moe-grouped-gemm is hidden.
     # reached only with this feature usable (FLAG_NEEDS refuse the flags otherwise)
     if _grouped_gemm_needs_us(args) and _capability_major() < 8:
         # Megatron-LM asserts a CUDA compute capability >= 8 for the grouped_gemm package's

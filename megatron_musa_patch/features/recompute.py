@@ -11,6 +11,12 @@
   the saved output gradient without re-running its forward; in a block that is not recomputed,
   the norm output is not kept but recomputed from the block input.
 
+Also: the grouped experts' fc2 GEMM skipped in the variance recompute (``GroupedMLP``), a shared
+expert overlapped with the token dispatch (``--moe-shared-expert-overlap``) recomputed without
+losing the overlap, and upstream's ``--recompute-granularity full --recompute-method block
+--recompute-num-layers 0`` (no layer fully recomputed) accepted beside the flags. The RMSNorm
+variants of MT-Megatron are parts of this feature (``recompute_mla_rms``, ``recompute_mlp_rms``).
+
 Checkpoints are Megatron's own (``tensor_parallel.checkpoint``, ``CheckpointWithoutOutput``),
 which restore the CPU, device and RNG-tracker states, so dropout matches bit for bit. The flags
 are carried onto the TransformerConfig (``attn_recompute``, ``mlp_recompute``,
@@ -25,7 +31,7 @@ import functools
 from .. import compat
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
-from ..recompute import rules, wrappers
+from ..recompute import grouped, rules, wrappers
 from ..registry import Patch
 
 FEATURE = wrappers.FEATURE
@@ -35,6 +41,7 @@ DESCRIPTION = "--attn-recompute, --mlp-recompute, --recompute-variance"
 _LAYER = "megatron.core.transformer.transformer_layer:TransformerLayer."
 _EXPERTS = "megatron.core.transformer.moe.experts:"
 _LAYERS = "megatron.core.tensor_parallel.layers:"
+_SHARED = "megatron.core.transformer.moe.shared_experts:SharedExpertMLP."
 
 
 @hookimpl
@@ -62,6 +69,19 @@ def mmp_register_patches(session, registry):
         Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
               bound(wrappers.shared_experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)"),
+        Patch("recompute.grouped_experts_fc2", _EXPERTS + "gg", "attribute",
+              grouped.GroupedGemmModule(), FEATURE,
+              why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the recompute, its "
+                  "backward applied from the saved output gradient"),
+        Patch("recompute.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
+              "wrap", bound(wrappers.overlapped_shared_fc1), FEATURE,
+              why="--mlp-recompute with --moe-shared-expert-overlap: the shared expert still "
+                  "runs inside the token dispatch (the overlap is kept); its fc1 input is kept"),
+        Patch("recompute.overlapped_shared_expert_fc2", _SHARED + "linear_fc2_forward", "wrap",
+              bound(wrappers.overlapped_shared_fc2), FEATURE,
+              why="--mlp-recompute with --moe-shared-expert-overlap: the overlapped shared "
+                  "expert's fc1 output and activation are released and recomputed from its fc1 "
+                  "input before fc2's backward (not kept, as under --mlp-recompute's checkpoint)"),
         Patch("recompute.deferred_linear", _LAYERS + "RowParallelLinear._forward_impl", "wrap",
               wrappers.row_parallel_forward_impl, FEATURE,
               why="--recompute-variance: the block's last linear skips its forward in recompute"),
@@ -93,7 +113,7 @@ def mmp_add_arguments(parser):
 
 @hookimpl
 def mmp_validate_args(args):
-    found = rules.problems(args)
+    found = rules.upstream_problems(args) + rules.problems(args)
     if found:
         raise ArgumentError(found[0])
 

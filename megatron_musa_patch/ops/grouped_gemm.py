@@ -89,16 +89,22 @@ def choice(device_type: str) -> str:
     return policy.current().gmm or PREFERRED.get(device_type, "loop")
 
 
+def _implementation(a: torch.Tensor, b: torch.Tensor, trans_b: bool) -> str:
+    """The implementation ``gmm`` uses for these operands (before a failed kernel is known)."""
+    name = choice(a.device.type)
+    if name == "grouped_mm" and (a.shape[0] == 0 or (a.device.type, a.dtype) in _unsupported
+                                 or not grouped_mm_usable(a, b, trans_b)):
+        return "loop"
+    return name
+
+
 def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,
         trans_b: bool = False) -> torch.Tensor:
     """``grouped_gemm.ops.gmm``: the rows of expert ``e`` times ``b[e]`` (see the module doc)."""
     if b.shape[0] != batch_sizes.numel():
         raise ValueError(f"gmm: {b.shape[0]} weight matrices but {batch_sizes.numel()} batch sizes")
-    name = choice(a.device.type)
+    name = _implementation(a, b, trans_b)
     key = (a.device.type, a.dtype)
-    if name == "grouped_mm" and (a.shape[0] == 0 or key in _unsupported
-                                 or not grouped_mm_usable(a, b, trans_b)):
-        name = "loop"
     if name == "grouped_mm":
         try:
             return gmm_grouped_mm(a, b, batch_sizes, trans_b)
@@ -106,3 +112,41 @@ def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor,
             _unsupported.add(key)
             name = "loop"
     return IMPLEMENTATIONS[name](a, b, batch_sizes, trans_b)
+
+
+def gmm_backward(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool,
+                 grad: torch.Tensor):
+    """``(d a, d b)`` of ``gmm(a, b, batch_sizes, trans_b)`` for the output gradient ``grad``,
+    without its forward: the operations autograd runs for the implementation ``gmm`` picks for
+    these operands, in the same order, so the result is bit for bit autograd's
+    (``tests/unit/test_ops_grouped_gemm.py``). ``--recompute-variance`` applies it to the grouped
+    experts' last GEMM, whose forward it skips in the recompute."""
+    weights = b.transpose(-1, -2) if trans_b else b
+    if _implementation(a, b, trans_b) == "grouped_mm":
+        offsets = torch.cumsum(batch_sizes.to(device=a.device, dtype=torch.int64),
+                               0).to(torch.int32)
+        grad = grad.contiguous()  # what _ContiguousGrad hands grouped_mm's backward
+        grad_a = F.grouped_mm(grad, weights.transpose(-1, -2), offs=offsets)
+        grad_w = F.grouped_mm(a.t(), grad, offs=offsets)
+    else:  # the loop: torch.mm's backward per expert, then cat's and stack's
+        sizes = [int(n) for n in batch_sizes.tolist()]
+        pieces = list(zip(torch.split(a, sizes, dim=0), torch.split(grad, sizes, dim=0)))
+        grad_a = torch.cat([_mm_input_grad(g, x, weights[e]) for e, (x, g) in enumerate(pieces)],
+                           dim=0)
+        grad_w = torch.stack([_mm_weight_grad(g, x, weights[e])
+                              for e, (x, g) in enumerate(pieces)])
+    return grad_a, (grad_w.transpose(-1, -2) if trans_b else grad_w)
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
+
+
+def _mm_input_grad(grad, mat1, mat2):
+    """d mat1 of ``mat1.mm(mat2)``, as torch's mm backward computes it (by mat1's layout)."""
+    return mat2.mm(grad.t()).t() if _column_major(mat1) else grad.mm(mat2.t())
+
+
+def _mm_weight_grad(grad, mat1, mat2):
+    """d mat2 of ``mat1.mm(mat2)``, as torch's mm backward computes it (by mat2's layout)."""
+    return grad.t().mm(mat1).t() if _column_major(mat2) else mat1.t().mm(grad)

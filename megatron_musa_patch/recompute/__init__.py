@@ -9,6 +9,12 @@ lives here, one job per module:
                     in variance mode the recompute skips the block's last linear layer.
 * ``deferred``   -- that skipped linear: Megatron's own backward, applied from the saved
                     output gradient to the recomputed input, without its forward.
+* ``grouped``    -- the same for the grouped experts' fc2 GEMM (``GroupedMLP``).
+* ``released``   -- tensors whose values are dropped after forward and recomputed in backward,
+                    the graph untouched (``norm_output`` is the one-norm case).
+* ``overlap``    -- ``--mlp-recompute`` on a shared expert overlapped with the token dispatch.
+* ``rms``        -- MT-Megatron's RMSNorm variants (``--q-rms-recompute``,
+                    ``--mlp-rms-recompute``; plugins ``recompute.mla_rms``/``recompute.mlp_rms``).
 * ``wrappers``   -- the patches on ``TransformerLayer`` and the MoE experts, read at call time.
 * ``accounting`` -- bytes held for backward (``saved_tensors_hooks``), for tests and benchmarks.
 

@@ -24,7 +24,8 @@ _state = threading.local()
 
 
 def deferred_ids() -> frozenset:
-    """ids of the linear modules that skip their forward right now (on this thread)."""
+    """ids of the linear modules (or grouped-GEMM weights) that skip their forward right now
+    (on this thread)."""
     return getattr(_state, "ids", frozenset())
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import List
 
+from ..conditions import importable
+
 #: config/args attribute -> command-line flag
 FLAGS = {
     "attn_recompute": "--attn-recompute",
@@ -16,11 +18,25 @@ FLAGS = {
     "recompute_variance": "--recompute-variance",
 }
 
+#: MT-Megatron's RMSNorm variants (plugins ``recompute.mla_rms`` / ``recompute.mlp_rms``)
+RMS_FLAGS = {
+    "q_rms_recompute": "--q-rms-recompute",
+    "mla_rms_recompute": "--mla-rms-recompute",
+    "mlp_rms_recompute": "--mlp-rms-recompute",
+}
+ALL_FLAGS = {**FLAGS, **RMS_FLAGS}
+#: the feature that serves each flag
+FEATURES = {**{name: "recompute" for name in FLAGS}, "q_rms_recompute": "recompute.mla_rms",
+            "mla_rms_recompute": "recompute.mla_rms", "mlp_rms_recompute": "recompute.mlp_rms"}
+
 #: the upstream ``--recompute-modules`` entries each flag already recomputes
 COVERED = {
     "attn_recompute": ("core_attn", "mla_up_proj", "layernorm"),
     "mlp_recompute": ("mlp", "moe", "moe_act", "shared_experts", "layernorm"),
     "recompute_variance": ("layernorm",),
+    "q_rms_recompute": ("mla_up_proj",),
+    "mla_rms_recompute": (),
+    "mlp_rms_recompute": ("moe", "shared_experts", "layernorm"),
 }
 
 _WHAT = {
@@ -29,12 +45,15 @@ _WHAT = {
     "mlp_recompute": "the whole MLP block (pre-MLP norm, fc1, activation, fc2; on MoE layers the "
                      "experts and shared experts)",
     "recompute_variance": "the norm outputs",
+    "q_rms_recompute": "MLA's q/kv RMSNorm outputs (the up projections' inputs)",
+    "mla_rms_recompute": "the pre-attention RMSNorm and MLA's q/kv down projections",
+    "mlp_rms_recompute": "the pre-MLP RMSNorm output and the shared expert of MoE layers",
 }
 
 
-def requested(settings) -> List[str]:
+def requested(settings, flags=ALL_FLAGS) -> List[str]:
     """The flags switched on in ``settings`` (attribute names)."""
-    return [name for name in FLAGS if getattr(settings, name, False)]
+    return [name for name in flags if getattr(settings, name, False)]
 
 
 def granularity(settings):
@@ -57,6 +76,27 @@ def upstream_modules(settings) -> List[str]:
     return modules
 
 
+def full_recompute_is_off(settings) -> bool:
+    """``--recompute-granularity full --recompute-method block --recompute-num-layers 0``: full
+    granularity that recomputes no layer (MT-Megatron's scripts pass it with the fine-grained
+    flags; upstream's block loop then runs every layer's normal forward)."""
+    return (granularity(settings) == "full"
+            and getattr(settings, "recompute_method", None) == "block"
+            and getattr(settings, "recompute_num_layers", None) == 0)
+
+
+def upstream_problems(settings) -> List[str]:
+    """Upstream recompute settings that cannot work, whatever our flags say."""
+    if (granularity(settings) == "full" and getattr(settings, "recompute_method", None) ==
+            "uniform" and getattr(settings, "recompute_num_layers", None) == 0):
+        return ["--recompute-granularity full --recompute-method uniform --recompute-num-layers "
+                "0 never ends: upstream's uniform method advances by --recompute-num-layers "
+                "layers at a time. Give --recompute-num-layers 1 or more (layers per recomputed "
+                "chunk), or use --recompute-method block --recompute-num-layers 0 to recompute "
+                "no layer fully."]
+    return []
+
+
 def problems(settings, *, check_impl: bool = True) -> List[str]:
     """One message per refused combination (empty: fine).
 
@@ -67,13 +107,16 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
     flags = requested(settings)
     if not flags:
         return []
-    named = " ".join(FLAGS[f] for f in flags)
+    named = " ".join(ALL_FLAGS[f] for f in flags)
     found = []
-    if granularity(settings) == "full":
+    if granularity(settings) == "full" and not full_recompute_is_off(settings):
         found.append(
-            f"{named} cannot be combined with --recompute-granularity full: full recompute "
-            f"already recomputes every layer from its input. Drop --recompute-granularity full "
-            f"(and --recompute-method/--recompute-num-layers), or drop {named}.")
+            f"{named} cannot be combined with --recompute-granularity full --recompute-method "
+            f"{getattr(settings, 'recompute_method', None)} --recompute-num-layers "
+            f"{getattr(settings, 'recompute_num_layers', None)}: full recompute already "
+            f"recomputes those layers from their input. Drop --recompute-granularity full (and "
+            f"--recompute-method/--recompute-num-layers), give --recompute-method block "
+            f"--recompute-num-layers 0 (no layer fully recomputed), or drop {named}.")
     modules = upstream_modules(settings)
     for flag in flags:
         twice = [m for m in modules if m in COVERED[flag]]
@@ -83,9 +126,9 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
                 " (upstream's default when --recompute-granularity selective or "
                 "--recompute-activations is given without --recompute-modules)")
             found.append(
-                f"{FLAGS[flag]} already recomputes {_WHAT[flag]}, so --recompute-modules "
+                f"{ALL_FLAGS[flag]} already recomputes {_WHAT[flag]}, so --recompute-modules "
                 f"{listed}{implicit} would request it twice. Remove {listed} from "
-                f"--recompute-modules (or --recompute-activations), or drop {FLAGS[flag]}.")
+                f"--recompute-modules (or --recompute-activations), or drop {ALL_FLAGS[flag]}.")
     if getattr(settings, "fp8", None) or getattr(settings, "fp4", None):
         found.append(
             f"{named} is not supported with fp8/fp4 training: the recompute needs "
@@ -104,10 +147,7 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
         if getattr(settings, attr, False):
             found.append(f"{named} is not supported with {flag} (it splits the layer's forward "
                          f"into pieces that these flags' checkpoints would cut across); drop one.")
-    if "mlp_recompute" in flags and getattr(settings, "moe_shared_expert_overlap", False):
-        found.append("--mlp-recompute is not supported with --moe-shared-expert-overlap: the "
-                     "overlapped shared expert runs inside the token dispatcher, outside any "
-                     "checkpoint. Drop --moe-shared-expert-overlap.")
+    found += _rms_problems(settings, flags)
     if "recompute_variance" in flags:
         impl = getattr(settings, "transformer_impl", "local")
         if check_impl and impl != "local":
@@ -119,10 +159,46 @@ def problems(settings, *, check_impl: bool = True) -> List[str]:
                 f"its own linear backward.")
         experts = getattr(settings, "num_experts", None) or getattr(settings, "num_moe_experts",
                                                                      None)
-        if "mlp_recompute" in flags and experts and getattr(settings, "moe_grouped_gemm", False):
+        if "mlp_recompute" in flags and experts and getattr(settings, "moe_grouped_gemm", False) \
+                and importable("grouped_gemm"):
             found.append(
-                "--recompute-variance with --mlp-recompute on MoE layers needs per-expert "
-                "linear layers (SequentialMLP); --moe-grouped-gemm runs the experts' fc2 as one "
-                "grouped GEMM without a separate backward. Drop --moe-grouped-gemm or "
-                "--recompute-variance.")
+                "--recompute-variance with --mlp-recompute and --moe-grouped-gemm skips the "
+                "grouped experts' fc2 GEMM in the recompute and applies its backward on its own; "
+                "the installed grouped_gemm package, which then runs the experts, offers no such "
+                "backward. Uninstall grouped_gemm (the layer's grouped GEMM, feature moe_fusion, "
+                "then serves --moe-grouped-gemm), or drop --recompute-variance.")
+    return found
+
+
+def _rms_problems(settings, flags) -> List[str]:
+    found = []
+    mla = getattr(settings, "multi_latent_attention", False)
+    if "q_rms_recompute" in flags:
+        if not mla:
+            found.append("--q-rms-recompute recomputes the q/kv RMSNorms of multi-latent "
+                         "attention, and this model has none: add --multi-latent-attention, or "
+                         "drop --q-rms-recompute.")
+        elif not getattr(settings, "qk_layernorm", False):
+            found.append("--q-rms-recompute recomputes MLA's q/kv RMSNorms, which exist only "
+                         "with --qk-layernorm (without it they are identities): add "
+                         "--qk-layernorm, or drop --q-rms-recompute.")
+    if "mla_rms_recompute" in flags:
+        if not mla:
+            found.append("--mla-rms-recompute recomputes the pre-attention RMSNorm and the q/kv "
+                         "down projections of multi-latent attention, and this model has none: "
+                         "add --multi-latent-attention, or drop --mla-rms-recompute.")
+        elif "attn_recompute" not in flags:
+            found.append("--mla-rms-recompute works together with --attn-recompute (as in "
+                         "MT-Megatron, which asserts it): its region -- the pre-attention "
+                         "RMSNorm and the q/kv down projections -- is recomputed as part of the "
+                         "attention block. Add --attn-recompute, or drop --mla-rms-recompute.")
+    if "mlp_rms_recompute" in flags and "mlp_recompute" not in flags:
+        experts = getattr(settings, "num_experts", None) or getattr(settings, "num_moe_experts",
+                                                                     None)
+        if not experts:
+            found.append("--mlp-rms-recompute recomputes the pre-MLP RMSNorm and the shared "
+                         "expert of MoE layers; on dense layers it acts only with "
+                         "--mlp-recompute (as in MT-Megatron), and this model has no MoE "
+                         "layers. Add --mlp-recompute (it recomputes the whole MLP block), or "
+                         "drop --mlp-rms-recompute.")
     return found

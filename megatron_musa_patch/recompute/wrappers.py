@@ -29,7 +29,7 @@ import torch
 
 from ..binding import call_arguments
 from ..errors import ArgumentError, FeatureUnavailableError
-from . import rules
+from . import overlap, rules
 from .blocks import MARK, checkpoint_block, deferred_ids
 
 FEATURE = "recompute"
@@ -52,7 +52,8 @@ def _training_call(module, kwargs=None) -> bool:
 
 def verify(session, config) -> None:
     """The rules, once per combination of settings on this config (users may change them)."""
-    key = (_flags(config), getattr(config, "recompute_granularity", None),
+    key = (tuple(rules.requested(config)), getattr(config, "recompute_granularity", None),
+           getattr(config, "recompute_method", None), getattr(config, "recompute_num_layers", None),
            tuple(getattr(config, "recompute_modules", None) or ()))
     if getattr(config, "_mmp_recompute_verified", None) == key:
         return
@@ -60,7 +61,7 @@ def verify(session, config) -> None:
     if found:
         raise ArgumentError(found[0])
     for flag in rules.requested(config):
-        session.require(FEATURE, rules.FLAGS[flag])
+        session.require(rules.FEATURES[flag], rules.ALL_FLAGS[flag])
     config._mmp_recompute_verified = key
 
 
@@ -139,14 +140,24 @@ def experts_forward(session, wrapped, instance, args, kwargs):
     verify(session, instance.config)
     defer = ()
     if variance:
-        experts = getattr(instance, "local_experts", None)
-        if experts is None:
-            raise FeatureUnavailableError(
-                f"--recompute-variance with --mlp-recompute needs per-expert linear layers "
-                f"(SequentialMLP); {type(instance).__name__} runs fc2 as one grouped GEMM. Drop "
-                f"--moe-grouped-gemm or --recompute-variance.")
-        defer = tuple(last_linear(expert, "linear_fc2") for expert in experts)
+        defer = _experts_last_gemm(instance)
     return checkpoint_block(wrapped, args, kwargs, defer)
+
+
+def _experts_last_gemm(instance):
+    """What the variance recompute of the experts skips: every local expert's ``linear_fc2``
+    (SequentialMLP), or the grouped fc2 GEMM on ``weight2`` (GroupedMLP, see ``grouped``)."""
+    experts = getattr(instance, "local_experts", None)
+    if experts is not None:
+        return tuple(last_linear(expert, "linear_fc2") for expert in experts)
+    weight = getattr(instance, "weight2", None)
+    if isinstance(weight, torch.Tensor):
+        return (weight,)
+    raise FeatureUnavailableError(
+        f"--recompute-variance with --mlp-recompute skips the experts' last GEMM in the "
+        f"recompute; {type(instance).__name__} (TransformerEngine's grouped linear) brings its "
+        f"own backward. Use megatron-core's local layer spec (--transformer-impl local), or drop "
+        f"--recompute-variance.")
 
 
 def shared_experts_forward(session, wrapped, instance, args, kwargs):
@@ -161,6 +172,25 @@ def shared_experts_forward(session, wrapped, instance, args, kwargs):
     verify(session, instance.config)
     defer = (last_linear(instance, "linear_fc2"),) if variance else ()
     return checkpoint_block(wrapped, args, kwargs, defer)
+
+
+def overlapped_shared_fc1(session, wrapped, instance, args, kwargs):
+    """``SharedExpertMLP.linear_fc1_forward_and_act`` (``--moe-shared-expert-overlap``)."""
+    return overlap.fc1_and_activation(wrapped, instance, args, kwargs,
+                                      active=_overlap_recomputed(session, instance))
+
+
+def overlapped_shared_fc2(session, wrapped, instance, args, kwargs):
+    """``SharedExpertMLP.linear_fc2_forward`` (``--moe-shared-expert-overlap``)."""
+    return overlap.fc2(wrapped, instance, args, kwargs,
+                       active=_overlap_recomputed(session, instance))
+
+
+def _overlap_recomputed(session, instance) -> bool:
+    if not getattr(instance.config, "mlp_recompute", False) or not _training_call(instance):
+        return False
+    verify(session, instance.config)
+    return True
 
 
 def _is_shared_expert(module) -> bool:

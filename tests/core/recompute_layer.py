@@ -31,8 +31,9 @@ SETTINGS: Dict[str, Tuple[tuple, dict]] = {
     "mlp+variance": (("mlp_recompute", "recompute_variance"), {}),
     "attn+mlp": (("attn_recompute", "mlp_recompute"), {}),
     "attn+mlp+variance": (("attn_recompute", "mlp_recompute", "recompute_variance"), {}),
+    "mlp_rms": (("mlp_rms_recompute",), {}),  # MT-Megatron's --mlp-rms-recompute
 }
-FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance")
+FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance", "mlp_rms_recompute")
 
 
 @dataclasses.dataclass
@@ -47,6 +48,8 @@ class Shape:
     swiglu: bool = False
     experts: int = 0
     shared_expert: int = 0
+    shared_overlap: bool = False  # --moe-shared-expert-overlap
+    grouped: bool = False  # --moe-grouped-gemm (GroupedMLP)
     dtype: torch.dtype = torch.float32
 
     def describe(self) -> str:
@@ -89,6 +92,8 @@ def build(shape: Shape, setting: str, dropout: float = 0.0):
                      moe_aux_loss_coeff=0.0)
         if shape.shared_expert:
             extra["moe_shared_expert_intermediate_size"] = shape.shared_expert
+            extra["moe_shared_expert_overlap"] = shape.shared_overlap
+        extra["moe_grouped_gemm"] = shape.grouped
     torch.manual_seed(1234)
     config = TransformerConfig(
         num_layers=shape.layers, hidden_size=shape.hidden, ffn_hidden_size=shape.ffn,
@@ -103,7 +108,8 @@ def build(shape: Shape, setting: str, dropout: float = 0.0):
         persist_layer_norm=False, **extra, **upstream)
     for name in FLAGS:
         setattr(config, name, name in flags)
-    spec = get_gpt_layer_local_spec(num_experts=shape.experts or None, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=shape.experts or None, normalization="RMSNorm",
+                                    moe_grouped_gemm=shape.grouped)
     block = TransformerBlock(config, spec, post_layer_norm=False).to("cuda")
     return block
 

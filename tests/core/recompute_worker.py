@@ -34,11 +34,20 @@ COMBOS = {
     "attn+upstream_mlp": ("attn_recompute",),
     "mlp+variance+upstream_core_attn": ("mlp_recompute", "recompute_variance"),
     "variance+upstream_mlp": ("recompute_variance",),
+    # MT-Megatron's RMSNorm variants (plugins recompute.mla_rms / recompute.mlp_rms)
+    "q_rms": ("q_rms_recompute",),
+    "q_rms+variance": ("q_rms_recompute", "recompute_variance"),
+    "attn+mla_rms+q_rms": ("attn_recompute", "mla_rms_recompute", "q_rms_recompute"),
+    "mlp_rms": ("mlp_rms_recompute",),
+    "mlp_rms+variance": ("mlp_rms_recompute", "recompute_variance"),
+    "mt_all": ("attn_recompute", "mlp_recompute", "recompute_variance", "mla_rms_recompute",
+               "mlp_rms_recompute", "q_rms_recompute"),
 }
 UPSTREAM = {"upstream_mlp": ["mlp"], "upstream_core_attn": ["core_attn"]}
 DEFAULT_COMBOS = ("attn", "mlp", "attn+mlp", "attn+variance", "mlp+variance",
                   "attn+mlp+variance", "variance")
-FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance")
+FLAGS = ("attn_recompute", "mlp_recompute", "recompute_variance", "q_rms_recompute",
+         "mla_rms_recompute", "mlp_rms_recompute")
 
 
 def parse(argv):
@@ -52,8 +61,13 @@ def parse(argv):
     p.add_argument("--shared-expert", type=int, default=0, help="shared expert ffn size")
     p.add_argument("--shared-gate", action="store_true")
     p.add_argument("--dispatcher", default="alltoall")
+    p.add_argument("--grouped-gemm", action="store_true", help="GroupedMLP experts")
+    p.add_argument("--shared-overlap", action="store_true",
+                   help="--moe-shared-expert-overlap (the dispatcher runs the shared expert)")
     p.add_argument("--mtp", type=int, default=0, help="MTP layers")
     p.add_argument("--mla", action="store_true")
+    p.add_argument("--q-lora-rank", type=int, default=None, help="MLA query compression")
+    p.add_argument("--qk-layernorm", action="store_true", help="MLA's q/kv RMSNorms")
     p.add_argument("--bias", action="store_true", help="linear biases (bias in bias-dropout-add)")
     p.add_argument("--distributed-optimizer", action="store_true")
     p.add_argument("--bf16", action="store_true")
@@ -75,6 +89,7 @@ def parse(argv):
 # ----------------------------------------------------------------------------- counters
 
 COUNTS: Counter = Counter()
+COUNTED = ("block recompute", "skipped linear forward", "norm recompute", "released recompute")
 
 
 def install_counters():
@@ -96,6 +111,23 @@ def install_counters():
         return impl(args, kwargs)
 
     deferred.forward_impl = counted_impl
+    from megatron_musa_patch.recompute import grouped, released
+
+    skip_gmm = grouped.SkipForwardGmm.forward
+
+    def counted_skip_gmm(ctx, *args):
+        COUNTS["skipped linear forward"] += 1
+        return skip_gmm(ctx, *args)
+
+    grouped.SkipForwardGmm.forward = staticmethod(counted_skip_gmm)
+    restore_released = released.Released.restore
+
+    def counted_restore_released(self, grad):
+        if self.recompute is not None:
+            COUNTS["released recompute"] += 1
+        return restore_released(self, grad)
+
+    released.Released.restore = counted_restore_released
     restore = norm_output.NormOutput.restore
 
     def counted_restore(self, grad):
@@ -140,7 +172,10 @@ def build(opts, combo, dropout, pre, post, vp_stage):
                       moe_router_dtype="fp32")
         if opts.shared_expert:
             kwargs.update(moe_shared_expert_intermediate_size=opts.shared_expert,
-                          moe_shared_expert_gate=opts.shared_gate)
+                          moe_shared_expert_gate=opts.shared_gate,
+                          moe_shared_expert_overlap=opts.shared_overlap)
+        if opts.grouped_gemm:
+            kwargs.update(moe_grouped_gemm=True)
     if opts.mtp:
         kwargs.update(mtp_num_layers=opts.mtp, mtp_loss_scaling_factor=0.3)
     flags = COMBOS.get(combo, ())
@@ -148,8 +183,9 @@ def build(opts, combo, dropout, pre, post, vp_stage):
     if upstream:
         kwargs.update(recompute_granularity="selective", recompute_modules=upstream)
     if opts.mla:
-        kwargs.update(q_lora_rank=None, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=8,
-                      v_head_dim=8, rotary_scaling_factor=1.0, num_query_groups=opts.heads)
+        kwargs.update(q_lora_rank=opts.q_lora_rank, kv_lora_rank=16, qk_head_dim=8,
+                      qk_pos_emb_head_dim=8, v_head_dim=8, rotary_scaling_factor=1.0,
+                      num_query_groups=opts.heads, qk_layernorm=opts.qk_layernorm)
         config = MLATransformerConfig(**kwargs)
     else:
         config = TransformerConfig(**kwargs)
@@ -281,15 +317,13 @@ def main(argv=None):
             same_loss, differing, worst = compare(base, run)
             flags = torch.tensor([float(same_loss), float(not differing)])
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
-            counts = torch.tensor([COUNTS[k] for k in ("block recompute", "skipped linear forward",
-                                                       "norm recompute")], dtype=torch.float64)
+            counts = torch.tensor([COUNTS[k] for k in COUNTED], dtype=torch.float64)
             torch.distributed.all_reduce(counts)
             results[f"{combo} dropout={dropout}"] = {
                 "losses_equal": bool(flags[0]), "grads_equal": bool(flags[1]),
                 "differing_on_rank0": differing[:8], "max_abs_diff_rank0": worst,
                 "losses": run[0], "base_losses": base[0],
-                "counts": dict(zip(("block recompute", "skipped linear forward",
-                                    "norm recompute"), counts.tolist())),
+                "counts": dict(zip(COUNTED, counts.tolist())),
             }
     if torch.distributed.get_rank() == 0:
         with open(opts.out, "w") as f:

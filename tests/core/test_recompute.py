@@ -32,6 +32,14 @@ LAYOUTS = {
                                         "--shared-gate", "--distributed-optimizer"]),
     "moe-mtp-pp2": (2, ["--experts", "4", "--dispatcher", "allgather", "--mtp", "1",
                         "--pp", "2", "--moe-layer-freq", "[0,1]"]),
+    # --moe-grouped-gemm (GroupedMLP: variance skips its grouped fc2 GEMM) with the shared
+    # expert overlapped with the dispatch (--mlp-recompute releases its activations)
+    "moe-ep2-grouped-shared-overlap": (2, ["--experts", "4", "--ep", "2", "--shared-expert", "32",
+                                           "--shared-gate", "--shared-overlap",
+                                           "--grouped-gemm"]),
+    "moe-grouped-bf16": (2, ["--experts", "4", "--ep", "2", "--shared-expert", "32",
+                             "--shared-overlap", "--grouped-gemm", "--bf16",
+                             "--combos", "mlp,mlp+variance,attn+mlp+variance"]),
     "mla": (1, ["--mla"]),
     "bf16": (1, ["--bf16", "--combos", "attn+mlp,attn+mlp+variance,variance"]),
 }
@@ -80,6 +88,51 @@ def test_every_combination_is_bitwise_equal_to_no_recompute(layout, tmp_path):
         # ...and a norm output is recomputed in every block that is not
         assert (counts["norm recompute"] > 0) == (variance and blocks < 2 or (
             "mlp" in ours and "--experts" in LAYOUTS[layout][1])), (key, counts)
+        # the overlapped shared expert's activations are released and recomputed with mlp
+        assert (counts.get("released recompute", 0) > 0) == (
+            "mlp" in ours and "--shared-overlap" in LAYOUTS[layout][1]), (key, counts)
+
+
+MLA = ["--mla", "--q-lora-rank", "16", "--qk-layernorm"]
+MOE = ["--experts", "4", "--ep", "2", "--shared-expert", "32"]
+RMS_COMBOS = ["--combos", "mlp_rms,mlp_rms+variance,mt_all"]
+#: MT-Megatron's RMSNorm variants (plugins recompute.mla_rms, recompute.mlp_rms); mt_all is
+#: MT's DeepSeek-V2-236B set: --attn-recompute --mlp-recompute --recompute-variance
+#: --mla-rms-recompute --mlp-rms-recompute --q-rms-recompute
+RMS_LAYOUTS = {
+    "mla-q-rms": (1, [*MLA, "--combos", "q_rms,q_rms+variance,attn+mla_rms+q_rms"]),
+    "moe-mla-mlp-rms": (2, [*MOE, "--shared-gate", *MLA, *RMS_COMBOS]),
+    "moe-mla-mlp-rms-grouped-overlap": (2, [*MOE, "--shared-overlap", "--grouped-gemm", *MLA,
+                                            *RMS_COMBOS]),
+}
+
+
+@pytest.mark.parametrize("layout", list(RMS_LAYOUTS))
+def test_rms_norm_variants_are_bitwise_equal_to_no_recompute(layout, tmp_path):
+    LAYOUTS[layout] = RMS_LAYOUTS[layout]
+    try:
+        results = run_layout(layout, tmp_path)
+    finally:
+        del LAYOUTS[layout]
+    flags = RMS_LAYOUTS[layout][1]
+    combos = flags[flags.index("--combos") + 1].split(",")
+    assert sorted(results) == sorted(f"{c} dropout={d}" for c in combos for d in (0.0, 0.1))
+    bad = {k: (v["max_abs_diff_rank0"], v["differing_on_rank0"]) for k, v in results.items()
+           if not (v["losses_equal"] and v["grads_equal"])}
+    assert not bad, bad
+    overlap = "--shared-overlap" in flags
+    for key, res in results.items():
+        combo, counts = key.split(" ")[0], res["counts"]
+        if combo.startswith("q_rms"):  # the q/kv norm outputs, nothing checkpointed
+            assert counts["norm recompute"] > 0 and counts["block recompute"] == 0, (key, counts)
+        elif combo == "attn+mla_rms+q_rms":  # inside the attention checkpoint: nothing more
+            assert counts["norm recompute"] == 0 and counts["block recompute"] > 0, (key, counts)
+        elif combo.startswith("mlp_rms"):  # the pre-MLP norm output and the shared expert
+            assert counts["norm recompute"] > 0, (key, counts)
+            assert (counts["block recompute"] > 0) == (not overlap), (key, counts)
+            assert (counts["released recompute"] > 0) == overlap, (key, counts)
+        else:  # mt_all
+            assert counts["block recompute"] > 0 and counts["skipped linear forward"] > 0
 
 
 MEMORY = r'''
@@ -90,8 +143,13 @@ from tests.core import recompute_layer as rl
 rl.init_single_rank()
 dense = rl.Shape()
 moe = rl.Shape(experts=4, shared_expert=96, ffn=128)
+overlap = rl.Shape(experts=4, shared_expert=96, ffn=128, shared_overlap=True)
+grouped = rl.Shape(experts=4, shared_expert=96, ffn=128, grouped=True)
 out = {"dense": {k: rl.block_bytes(dense, k) for k in rl.SETTINGS},
-       "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance")},
+       "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance",
+                                                   "mlp_rms")},
+       "moe_overlap": {k: rl.block_bytes(overlap, k) for k in ("none", "mlp")},
+       "moe_grouped": {k: rl.block_bytes(grouped, k) for k in ("none", "mlp", "mlp+variance")},
        "norm_output": dense.seq * dense.batch * dense.hidden * 4, "hidden": dense.hidden}
 print("RESULT " + json.dumps(out))
 '''
@@ -148,3 +206,32 @@ def test_moe_mlp_recompute_keeps_only_the_experts_input_not_the_dispatch(memory)
         assert m[setting]["shared_experts_held"] == 0, setting
         assert m[setting]["mlp"] < m["none"]["mlp"] - (m["none"]["experts_held"]
                                                        - m["none"]["experts_inputs"])
+
+
+def test_overlapped_shared_expert_under_mlp_recompute_holds_what_the_checkpointed_one_does(
+        memory):
+    """--moe-shared-expert-overlap keeps the shared expert in the token dispatch; with
+    --mlp-recompute its fc1 output and activation are released, so the MLP block holds exactly
+    what it holds when the shared expert is checkpointed as a whole (no overlap)."""
+    o, m = memory["moe_overlap"], memory["moe"]
+    assert o["mlp"]["mlp"] < o["none"]["mlp"]
+    assert o["mlp"]["mlp"] == m["mlp"]["mlp"], (o["mlp"]["mlp"], m["mlp"]["mlp"])
+    assert o["none"]["mlp"] == m["none"]["mlp"]  # the overlap itself changes nothing held
+
+
+def test_grouped_experts_keep_only_their_input_under_mlp_recompute(memory):
+    g = memory["moe_grouped"]
+    for setting in ("mlp", "mlp+variance"):
+        assert g[setting]["experts_held"] == g[setting]["experts_inputs"], setting
+        assert g[setting]["mlp"] < g["none"]["mlp"], setting
+
+
+def test_mlp_rms_recompute_drops_the_norm_output_and_the_shared_experts_activations(memory):
+    """--mlp-rms-recompute on a MoE layer: the shared expert holds nothing (checkpointed, its input
+    is the released norm output), the routed experts keep what they keep without recompute."""
+    m = memory["moe"]
+    assert m["mlp_rms"]["shared_experts_held"] == 0 < m["none"]["shared_experts_held"]
+    assert m["mlp_rms"]["experts_held"] == m["none"]["experts_held"]
+    released = m["none"]["shared_experts_held"] + memory["norm_output"]
+    assert m["mlp_rms"]["mlp"] <= m["none"]["mlp"] - released + memory["norm_output"], m
+    assert m["mlp_rms"]["mlp"] < m["none"]["mlp"]

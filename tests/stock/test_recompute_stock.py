@@ -87,13 +87,35 @@ def test_moe_expert_parallel_with_shared_experts_bitwise(lm_path, baseline):
     assert "load_balancing_loss" in log
 
 
+MOE_GROUPED_OVERLAP = [*MOE, "--moe-grouped-gemm", "--moe-shared-expert-overlap"]
+#: MT-Megatron's scripts: upstream's full granularity that recomputes no layer, beside the flags
+FULL_BLOCK_0 = ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", "0"]
+
+
+def test_grouped_experts_and_overlapped_shared_expert_bitwise(lm_path, baseline):
+    """--moe-grouped-gemm (the grouped fc2 GEMM skipped in the variance recompute) and
+    --moe-shared-expert-overlap (its activations released under --mlp-recompute), with
+    --mlp-rms-recompute and full/block/0 granularity as MT-Megatron's scripts pass them."""
+    ref, _, _ = baseline("moe-grouped-overlap", MOE_GROUPED_OVERLAP)
+    steps, counts, log = probe(lm_path, [*MOE_GROUPED_OVERLAP, *ALL, "--mlp-rms-recompute",
+                                         *FULL_BLOCK_0])
+    assert steps == ref and counts["variance_blocks"] > 0
+    assert "The legacy GroupedMLP will be deprecated" in log  # the grouped experts ran
+    assert re.search(r"recompute_granularity \.+ full", log)
+
+
 @pytest.mark.parametrize("extra,expected", [
     (["--attn-recompute", "--recompute-granularity", "full", "--recompute-method", "uniform",
       "--recompute-num-layers", "1"],
      "--attn-recompute cannot be combined with --recompute-granularity full"),
     (["--mlp-recompute", "--recompute-granularity", "selective", "--recompute-modules", "mlp"],
      "--mlp-recompute already recomputes the whole MLP block"),
-], ids=["full", "mlp-twice"])
+    (["--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "0"],
+     "--recompute-granularity full --recompute-method uniform --recompute-num-layers 0 never "
+     "ends"),
+], ids=["full", "mlp-twice", "uniform-0"])
 def test_conflicts_stop_with_one_paragraph(lm_path, extra, expected):
     with pytest.raises(AssertionError) as failed:
         run_stock(lm_path, extra, iters=1)

@@ -99,3 +99,34 @@ def test_choice_override():
 def test_size_mismatch_is_an_error():
     with pytest.raises(ValueError, match="batch sizes"):
         gg.gmm(torch.randn(4, 8), torch.randn(3, 8, 8), torch.tensor([2, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("shape", [([5, 0, 9, 3], 16, 32), ([3, 6], 13, 7), ([0, 4], 1, 8),
+                                   ([1, 1, 2], 8, 1)])
+@pytest.mark.parametrize("impl", ["loop", "grouped_mm"])
+def test_backward_without_forward_is_bitwise_autograds(dtype, trans_b, shape, impl,
+                                                       monkeypatch):
+    """gmm_backward (what --recompute-variance applies to the grouped experts' fc2 instead of
+    re-running it) gives autograd's gradients of gmm bit for bit, whichever implementation gmm
+    picks for the operands (odd shapes fall back to the loop)."""
+    monkeypatch.setattr(gg, "choice", lambda device_type: impl)
+    sizes, k, n = shape
+    g = torch.Generator().manual_seed(sum(sizes) + k + n)
+    sizes = torch.tensor(sizes)
+    a = torch.randn(int(sizes.sum()), k, generator=g).to(dtype).requires_grad_()
+    b = torch.randn((sizes.numel(), n, k) if trans_b else (sizes.numel(), k, n),
+                    generator=g).to(dtype).requires_grad_()
+    out = gg.gmm(a, b, sizes, trans_b=trans_b)
+    grad = torch.randn(out.shape, generator=g).to(dtype)
+    want = torch.autograd.grad(out, (a, b), grad)
+    got = gg.gmm_backward(a.detach(), b.detach(), sizes, trans_b, grad)
+    for name, w, h in zip(("da", "db"), want, got):
+        assert w.shape == h.shape and w.dtype == h.dtype, name
+        assert torch.equal(w, h), (name, float((w.float() - h.float()).abs().max()))
+    # a gradient that arrives with other strides (as from a transpose) changes nothing
+    t = torch.randn(out.shape[::-1], generator=g).to(dtype).t()
+    want = torch.autograd.grad(gg.gmm(a, b, sizes, trans_b=trans_b), (a, b), t)
+    got = gg.gmm_backward(a.detach(), b.detach(), sizes, trans_b, t)
+    assert all(torch.equal(w, h) for w, h in zip(want, got))

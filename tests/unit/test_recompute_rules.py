@@ -40,9 +40,39 @@ def test_no_flag_means_no_opinion():
 
 
 def test_full_granularity_is_refused_naming_the_flags():
-    (msg,) = rules.problems(settings(attn_recompute=True, mlp_recompute=True,
-                                     recompute_granularity="full"))
-    assert "--attn-recompute --mlp-recompute" in msg and "--recompute-granularity full" in msg
+    for method, layers in (("uniform", 1), ("block", 1), ("block", 2)):
+        (msg,) = rules.problems(settings(attn_recompute=True, mlp_recompute=True,
+                                         recompute_granularity="full", recompute_method=method,
+                                         recompute_num_layers=layers))
+        assert "--attn-recompute --mlp-recompute" in msg and "--recompute-granularity full" in msg
+        assert f"--recompute-method {method} --recompute-num-layers {layers}" in msg
+        assert "--recompute-method block --recompute-num-layers 0" in msg  # what is accepted
+
+
+def test_full_block_granularity_with_no_layer_is_accepted_with_every_flag():
+    """MT-Megatron's scripts: --recompute-granularity full --recompute-method block
+    --recompute-num-layers 0 beside the fine-grained flags (no layer is fully recomputed)."""
+    for flags in ({"attn_recompute": True}, {"mlp_recompute": True}, ALL,
+                  {"recompute_variance": True}):
+        s = settings(**flags, recompute_granularity="full", recompute_method="block",
+                     recompute_num_layers=0)
+        assert rules.full_recompute_is_off(s)
+        assert rules.problems(s) == [] and rules.upstream_problems(s) == []
+    assert not rules.full_recompute_is_off(settings(recompute_granularity="full",
+                                                    recompute_method="uniform",
+                                                    recompute_num_layers=0))
+
+
+def test_uniform_method_with_no_layer_is_refused_as_the_endless_loop_it_is():
+    s = settings(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=0)
+    (msg,) = rules.upstream_problems(s)
+    assert "--recompute-method uniform --recompute-num-layers 0 never ends" in msg
+    assert "--recompute-method block --recompute-num-layers 0" in msg
+    with pytest.raises(ArgumentError, match="never ends"):
+        feature.mmp_validate_args(args=s)  # with or without the fine-grained flags
+    assert rules.upstream_problems(settings(recompute_granularity="full",
+                                            recompute_method="uniform",
+                                            recompute_num_layers=1)) == []
 
 
 @pytest.mark.parametrize("flag,module", [
@@ -65,21 +95,26 @@ def test_upstream_default_core_attn_counts_as_requested():
         assert "core_attn" in msg and "upstream's default" in msg
 
 
-def test_unsupported_combinations_say_so():
+def test_unsupported_combinations_say_so(monkeypatch):
     assert "fp8" in rules.problems(settings(mlp_recompute=True, fp8="hybrid"))[0]
     assert "CUDA graphs" in rules.problems(settings(attn_recompute=True,
                                                     cuda_graph_impl="local"))[0]
     assert "--cpu-offloading" in rules.problems(settings(attn_recompute=True,
                                                          cpu_offloading=True))[0]
-    assert "--moe-shared-expert-overlap" in rules.problems(
-        settings(mlp_recompute=True, moe_shared_expert_overlap=True))[0]
+    # the overlapped shared expert: its activations are released instead (no refusal)
+    assert rules.problems(settings(mlp_recompute=True, moe_shared_expert_overlap=True)) == []
     msg = rules.problems(settings(recompute_variance=True, transformer_impl="transformer_engine"))
     assert "--transformer-impl local" in msg[0]
     # a TransformerConfig built in code keeps the TE default: not checked there
     assert rules.problems(settings(recompute_variance=True, transformer_impl="transformer_engine"),
                           check_impl=False) == []
-    msg = rules.problems(settings(**ALL, num_experts=8, moe_grouped_gemm=True))
-    assert "--moe-grouped-gemm" in msg[0]
+    # grouped experts: the layer's grouped GEMM offers its backward on its own; the
+    # grouped_gemm package does not, so only with it installed the combination is refused
+    grouped = settings(**ALL, num_experts=8, moe_grouped_gemm=True)
+    assert rules.problems(grouped) == []
+    monkeypatch.setattr(rules, "importable", lambda name: name == "grouped_gemm")
+    msg = rules.problems(grouped)
+    assert "--moe-grouped-gemm" in msg[0] and "Uninstall grouped_gemm" in msg[0]
     assert rules.problems(settings(attn_recompute=True, recompute_variance=True, num_experts=8,
                                    moe_grouped_gemm=True)) == []
 

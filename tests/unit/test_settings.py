@@ -56,7 +56,8 @@ def test_a_misspelt_variable_is_named_with_the_likely_one():
 
 def test_the_test_harness_scrubs_every_variable():
     assert set(_LAYER_ENV) == set(settings.ENV_NAMES) | set(settings.FOREIGN_ENV_NAMES)
-    assert len(settings.ENV_NAMES) == len(settings.VARIABLES) >= 14
+    assert len(settings.ENV_NAMES) == len(settings.VARIABLES) + len(settings.MT_VARIABLES)
+    assert len(settings.VARIABLES) >= 14 and "ENABLE_ZERO_BUBBLE" in settings.ENV_NAMES
     assert set(settings.FOREIGN_ENV_NAMES) == {"TORCHADA_PLATFORM",
                                                 "TORCHADA_FORCE_CUDA_AVAILABLE"}
 
@@ -72,6 +73,13 @@ def test_torchada_switches_are_read_into_the_settings():
             defaults.torchada_force_cuda_available) == (True, None, None)
     with pytest.raises(SettingsError, match="MEGATRON_MUSA_PATCH_TORCHADA='maybe'"):
         settings.from_env({"MEGATRON_MUSA_PATCH_TORCHADA": "maybe"})
+
+
+def test_mt_megatron_switches_are_read_into_the_settings():
+    got = settings.from_env({"ENABLE_ZERO_BUBBLE": "1", "USE_EPX": " 0 ", "ENABLE_PROFILER": "",
+                             "UNRELATED": "1"})
+    assert got.mt_env == (("ENABLE_ZERO_BUBBLE", "1"), ("USE_EPX", "0"))  # set ones, in order
+    assert settings.from_env({}).mt_env == ()
 
 
 FEATURES = {"device": True, "recompute": False, "fused_ops.rope": False,

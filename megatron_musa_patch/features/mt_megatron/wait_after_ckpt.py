@@ -1,0 +1,61 @@
+"""``--wait-after-ckpt S``: after each checkpoint save, every rank waits S seconds before training
+on (MT-Megatron's flag; its tutorial: "the time to wait after each checkpoint save, in
+seconds"), e.g. to let a network file system settle. 0 (the default) does not wait.
+
+``megatron.training.checkpointing.save_checkpoint`` is wrapped (every save goes through it: the
+periodic, signal-triggered and exit saves of ``save_checkpoint_and_time`` and the final one after
+training, which ``pretrain`` calls directly; ``training.py`` imports the wrapped function); rank
+0 says how long it waited.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+from ...binding import call_arguments
+from ...errors import ArgumentError
+from ...hookspecs import hookimpl
+from ...registry import Patch
+
+FEATURE = "mt_megatron.wait_after_ckpt"
+REQUIRED = False
+DESCRIPTION = "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)"
+
+
+@hookimpl
+def mmp_add_arguments(parser):
+    group = parser.add_argument_group("checkpointing (MT-Megatron spellings)")
+    group.add_argument("--wait-after-ckpt", type=float, default=0.0,
+                       help="Seconds every rank waits after each checkpoint save (0: none).")
+
+
+@hookimpl
+def mmp_validate_args(args):
+    wait = getattr(args, "wait_after_ckpt", 0.0)
+    if wait < 0:
+        raise ArgumentError(f"--wait-after-ckpt {wait:g}: give the seconds to wait after each "
+                            f"checkpoint save, 0 or more.")
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    registry.add(Patch(f"{FEATURE}.save", "megatron.training.checkpointing:save_checkpoint",
+                       "wrap", functools.partial(after_save, time.sleep), FEATURE,
+                       rebind=("megatron.training.training", "megatron.training.utils"),
+                       why="--wait-after-ckpt: wait after each checkpoint save"))
+
+
+def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):
+    result = wrapped(*args, **kwargs)
+    if get_args is None:
+        from megatron.training import get_args
+    wait = float(getattr(get_args(), "wait_after_ckpt", 0.0) or 0.0)
+    if wait > 0:
+        sleep(wait)
+        if os.environ.get("RANK", "0") == "0":
+            iteration = call_arguments(wrapped, args, kwargs).get("iteration")
+            print(f"megatron_musa_patch: --wait-after-ckpt: waited {wait:g} s after saving the "
+                  f"checkpoint of iteration {iteration}", flush=True)
+    return result
