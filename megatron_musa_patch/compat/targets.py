@@ -59,6 +59,9 @@ TARGETS: Dict[str, Tuple[Location, ...]] = {
     # Megatron-LM's legacy fused kernels, and the unguarded triton import of batch-invariant mode
     "grouped_mlp_forward": (
         Location(">=0.16.1,<0.17", "megatron.core.transformer.moe.experts:GroupedMLP.forward"),),
+    # the grouped_gemm glue as GroupedMLP's module calls it (experts.gg.ops.gmm)
+    "grouped_mlp_gemm_module": (
+        Location(">=0.16.1,<0.17", "megatron.core.transformer.moe.experts:gg"),),
     "grouped_gemm_util": (
         Location(">=0.16.1,<0.17", "megatron.core.transformer.moe.grouped_gemm_util"),),
     "legacy_fused_kernels_load": (
@@ -73,6 +76,7 @@ GONE: Dict[str, str] = {
     "grouped_mlp_forward": "GroupedMLP was removed in 0.17 (the local spec's --moe-grouped-gemm "
                            "experts are SequentialMLP there)",
     "grouped_gemm_util": "grouped_gemm_util was removed in 0.17",
+    "grouped_mlp_gemm_module": "GroupedMLP (and its grouped_gemm glue) was removed in 0.17",
     "legacy_fused_kernels_load": "megatron.legacy.fused_kernels was removed in 0.17",
     "batch_invariant_kernels": "upstream guards this triton import from 0.17",
     "paged_stash_kernels": "megatron.core imports the paged stash's triton kernels from 0.18",

@@ -162,7 +162,10 @@ def guess(path: str, args) -> Optional[LightSpec]:
     eod = backend.token_to_id(eos) if eos is not None else None
     if eod is None:
         return None  # the builder would pick another token, or none: leave it to the builder
-    params = HFParams(with_special=bool(args.tokenizer_hf_include_special_tokens),
+    from .tokenizer import builder_args
+
+    # unset, the flag means the installed release's default (0.16: off, 0.17+: on)
+    params = HFParams(with_special=bool(builder_args(args).tokenizer_hf_include_special_tokens),
                       split_special=bool(config.get("split_special_tokens", False)),
                       size=backend.get_vocab_size(with_added_tokens=True),
                       unk=backend.token_to_id(unk) if unk is not None else None)

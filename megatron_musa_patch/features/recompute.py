@@ -69,10 +69,10 @@ def mmp_register_patches(session, registry):
         Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
               bound(wrappers.shared_experts_forward), FEATURE,
               why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)"),
-        Patch("recompute.grouped_experts_fc2", _EXPERTS + "gg", "attribute",
-              grouped.GroupedGemmModule(), FEATURE,
-              why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the recompute, its "
-                  "backward applied from the saved output gradient"),
+        *compat.patches("grouped_mlp_gemm_module", "recompute.grouped_experts_fc2", "attribute",
+                        grouped.GroupedGemmModule(), FEATURE,
+                        why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the "
+                            "recompute, its backward applied from the saved output gradient"),
         Patch("recompute.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
               "wrap", bound(wrappers.overlapped_shared_fc1), FEATURE,
               why="--mlp-recompute with --moe-shared-expert-overlap: the shared expert still "

@@ -29,6 +29,8 @@ def fc1_and_activation(wrapped, instance, args, kwargs, *, active: bool):
     if not active:
         return wrapped(*args, **kwargs)
     fc1_input = instance.cached_fc1_input
+    # 0.19's pieces check a state machine; the recompute replays fc1 from the state it ran in
+    state = getattr(instance, "_overlap_state", None)
     seen = []
     hook = instance.linear_fc1.register_forward_hook(
         lambda module, inputs, output: seen.append(output[0] if isinstance(output, tuple)
@@ -38,7 +40,7 @@ def fc1_and_activation(wrapped, instance, args, kwargs, *, active: bool):
     finally:
         hook.remove()
     if len(seen) == 1 and isinstance(fc1_input, torch.Tensor):
-        _pending[instance] = (wrapped, fc1_input, seen[0], instance.cached_fc2_input)
+        _pending[instance] = (wrapped, fc1_input, seen[0], instance.cached_fc2_input, state)
     return result
 
 
@@ -48,27 +50,33 @@ def fc2(wrapped, instance, args, kwargs, *, active: bool):
     # only the wrapper that recorded the pieces takes them (two features may wrap this)
     pending = _pending.pop(instance, None) if active else None
     if pending is not None:
-        fc1_wrapped, fc1_input, fc1_output, activation = pending
+        fc1_wrapped, fc1_input, fc1_output, activation, state = pending
         released.release(
-            (fc1_output, activation), lambda: _recompute(instance, fc1_wrapped, fc1_input),
+            (fc1_output, activation),
+            lambda: _recompute(instance, fc1_wrapped, fc1_input, state),
             until=instance.cached_fc2_output, keep=(fc1_input,))
     return result
 
 
-def _recompute(instance, fc1_wrapped, fc1_input):
+def _recompute(instance, fc1_wrapped, fc1_input, state):
     """fc1 and the activation once more (no autograd), with the module's cached state kept."""
     saved = instance.cached_fc1_input, instance.cached_fc2_input
+    saved_state = getattr(instance, "_overlap_state", None)
     seen = []
     hook = instance.linear_fc1.register_forward_hook(
         lambda module, inputs, output: seen.append(output[0] if isinstance(output, tuple)
                                                    else output))
     try:
         instance.cached_fc1_input = fc1_input
+        if state is not None:
+            instance._overlap_state = state
         fc1_wrapped()
         fresh = (seen[0], instance.cached_fc2_input)
     finally:
         hook.remove()
         instance.cached_fc1_input, instance.cached_fc2_input = saved
+        if state is not None:
+            instance._overlap_state = saved_state
     stream = getattr(instance, "stream", None)
     if stream is not None:  # upstream ran them on the expert's stream
         torch.cuda.current_stream().wait_stream(stream)

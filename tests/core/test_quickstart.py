@@ -15,6 +15,18 @@ from ..conftest import REPO, subprocess_env
 SCRIPT = REPO / "examples" / "quickstart.sh"
 
 
+def installed_tag():
+    """The Megatron-LM tag of the installed megatron-core's row (0.19.2 -> core_v0.19.0)."""
+    from importlib.metadata import version
+
+    from megatron_musa_patch import releases
+
+    core = version("megatron-core")
+    tag = releases.release_of(core).lm_tag
+    assert tag.startswith("core_v" + ".".join(core.split(".")[:2])), (core, tag)
+    return tag
+
+
 def quickstart(*args, cache, timeout=600, **env):
     run_env = subprocess_env(MMP_CACHE_DIR=str(cache))
     run_env.pop("MEGATRON_LM_PATH", None)
@@ -87,10 +99,11 @@ def test_without_checkout_outside_ci_it_says_what_to_do(tmp_path):
     proc = quickstart("--python", sys.executable, "--workdir", str(tmp_path / "run"),
                       "--no-clone", cache=tmp_path / "cache", timeout=120)
     message = " ".join(proc.stderr.split())
+    tag = installed_tag()
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "the training steps need Megatron-LM (core_v0.16.1) and none was found" in message
-    assert ("git clone --branch core_v0.16.1 --depth 1 https://github.com/NVIDIA/Megatron-LM "
-            f"{tmp_path / 'cache'}/Megatron-LM-core_v0.16.1") in message
+    assert f"the training steps need Megatron-LM ({tag}) and none was found" in message
+    assert (f"git clone --branch {tag} --depth 1 https://github.com/NVIDIA/Megatron-LM "
+            f"{tmp_path / 'cache'}/Megatron-LM-{tag}") in message
     assert "MEGATRON_LM_PATH" in message and "--ci" in message
     assert not (tmp_path / "run").exists()  # it stopped before doing any work
 
@@ -104,11 +117,12 @@ def test_a_failed_clone_says_what_to_do(tmp_path):
                       cache=tmp_path / "cache", timeout=120,
                       PATH=f"{fake}:{subprocess_env()['PATH']}")
     message = " ".join(proc.stderr.split())
+    tag = installed_tag()
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "cloning tag core_v0.16.1 there" in proc.stdout
+    assert f"cloning tag {tag} there" in proc.stdout
     assert "fatal: unable to access GitHub" in proc.stderr
     assert "git clone of https://github.com/NVIDIA/Megatron-LM failed" in message
-    assert not (tmp_path / "cache" / "Megatron-LM-core_v0.16.1.partial").exists()
+    assert not (tmp_path / "cache" / f"Megatron-LM-{tag}.partial").exists()
 
 
 def test_bad_inputs_fail_clearly(tmp_path):

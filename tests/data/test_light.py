@@ -171,7 +171,7 @@ def test_exact_tokenize_and_other_tokenizers_use_the_builder(tmp_path, hf_tokeni
                                                                       "tokenizer.json")
 
 
-def test_the_check_records_what_the_builder_says(hf_tokenizer, fresh_cache):
+def test_the_check_records_what_the_builder_says(hf_tokenizer, fresh_cache, release):
     from megatron_musa_patch.data import light, tokenizer
 
     args = hf_args(hf_tokenizer)
@@ -180,8 +180,11 @@ def test_the_check_records_what_the_builder_says(hf_tokenizer, fresh_cache):
     hf = tok._tokenizer.tokenizer
     assert record["ok"] is True
     assert (record["eod"], record["vocab_size"]) == (tok.eod, tok.vocab_size) == (0, len(hf))
-    assert record["params"] == {"with_special": False, "split_special": False, "size": len(hf),
-                                "unk": hf.unk_token_id}
+    # upstream's default: tokenize() (no special tokens) on 0.16, tokenizer(text) from 0.17
+    with_special = tok._tokenizer.include_special_tokens
+    assert with_special is (release.series != "0.16")
+    assert record["params"] == {"with_special": with_special, "split_special": False,
+                                "size": len(hf), "unk": hf.unk_token_id}
     spec = light.spec_from_record(light.tokenizer_json(args), record)
     assert light.same_as_guess(light.guess(spec.tokenizer_json, args), record)
     encoder = light.LightEncoder(spec)

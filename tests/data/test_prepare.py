@@ -79,7 +79,8 @@ def test_null_tokenizer_identical(tmp_path):
     for ext in (".bin", ".idx"):
         assert same_files(str(tmp_path / "out_text_document") + ext, ref + ext)
     docs, _ = read_pair(tmp_path / "out_text_document")
-    assert docs[3][0].tolist() == [21, 22, 23, 24, 1000]  # the ids in the text, then eod
+    # the ids in the text, then eod (upstream's NullTokenizer: 1000 on 0.16, 999 from 0.17)
+    assert tok.eod in (999, 1000) and docs[3][0].tolist() == [21, 22, 23, 24, tok.eod]
 
 
 def test_gpt2bpe_identical(tmp_path, gpt2_files, hf_tokenizer):
@@ -162,8 +163,11 @@ def test_exact_path_matches_fast_path(tmp_path, hf_tokenizer, sp_model):
     model = json.loads((nfc / "tokenizer.json").read_text(encoding="utf-8"))
     model["normalizer"] = {"type": "NFC"}
     (nfc / "tokenizer.json").write_text(json.dumps(model), encoding="utf-8")
-    for kw, path in ((dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_tokenizer),
-                      "hf-piece-cache"),
+    # the piece cache serves tokenize() only: asked for explicitly (0.17+ default to tokenizer())
+    for kw, path in ((dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_tokenizer,
+                           tokenizer_hf_include_special_tokens=False), "hf-piece-cache"),
+                     (dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_tokenizer,
+                           tokenizer_hf_include_special_tokens=True), "hf-batch"),
                      (dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(nfc)),
                       "hf-batch"),
                      (dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=sp_model),

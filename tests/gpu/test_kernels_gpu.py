@@ -322,7 +322,9 @@ def test_upstream_matches_the_references():
         torch.testing.assert_close(upstream, ref_rope(t, torch.cos(freqs), torch.sin(freqs), interleaved))
     routing_map, probs = routing(20, 6, 2, seed=17, dropped=2)
     tokens = randn(20, 16, seed=18)
-    up_out, up_probs, up_idx = moe_utils.permute(tokens, routing_map, probs=probs)
+    # 0.19 requires num_out_tokens and returns two more values (pad offsets, tokens per expert)
+    up_out, up_probs, up_idx = moe_utils.permute(tokens, routing_map, probs=probs,
+                                                 num_out_tokens=int(routing_map.sum()))[:3]
     out, pprobs, idx = ref_permute(tokens, routing_map, probs)
     assert torch.equal(up_out, out) and torch.equal(up_probs, pprobs) and torch.equal(up_idx, idx)
     up = moe_utils.unpermute(up_out, up_idx, tokens.shape, probs=probs, routing_map=routing_map)

@@ -67,15 +67,22 @@ def test_mtp_spellings_are_the_same_run_and_disagreement_is_an_error(lm_path):
     assert "Traceback" not in message.split("megatron_musa_patch: error:")[0][-200:]
 
 
-def test_shared_expert_overlap_matches_no_overlap(lm_path):
+def test_shared_expert_overlap_matches_no_overlap(lm_path, release):
     """--moe-shared-expert-overlap runs the shared expert on a side stream: CPU streams are
-    synchronous, so the numbers must equal the run without overlap."""
+    synchronous, so the numbers must equal the run without overlap. From 0.19 upstream launches
+    the shared expert's fc1 between the tokens' and the probs' alltoall, so backward sums the
+    input gradient's parts in another order: the first step (forward only) is still equal, the
+    later ones agree to float32 rounding (measured: 6.924263 vs 6.924262 at step 2)."""
     moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
            "alltoall", "--expert-model-parallel-size", "2", "--disable-bias-linear",
            "--moe-shared-expert-intermediate-size", "64"]
     plain = run_stock(lm_path, moe, iters=3)[0]
     overlap = run_stock(lm_path, [*moe, "--moe-shared-expert-overlap"], iters=3)[0]
-    assert overlap == plain
+    if release.series in ("0.16", "0.17", "0.18"):
+        assert overlap == plain
+    else:
+        assert overlap[1] == plain[1] and len(overlap) == len(plain) == 3
+        assert_close(overlap, plain, 1e-6)
 
 
 def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):
