@@ -159,7 +159,9 @@ def main(argv=None):
         if family not in initial:
             initial[family] = {k: v.detach().clone() for k, v in model.state_dict().items()
                                if torch.is_tensor(v)}
-        elif settings.get("moe_grouped_gemm"):
+        elif settings.get("moe_grouped_gemm") and any(type(m).__name__ == "GroupedMLP"
+                                                       for m in model.modules()):
+            # 0.16's local spec builds GroupedMLP; from 0.17 (GroupedMLP removed) SequentialMLP
             loaded = model.load_state_dict(grouped_state(initial[family], model), strict=False)
             missing = [k for k in loaded.missing_keys if not k.endswith("_extra_state")]
             assert not missing and not loaded.unexpected_keys, (missing, loaded.unexpected_keys)

@@ -57,13 +57,15 @@ def test_flash_attention_dropout_trains(results):
 
 @pytest.mark.parametrize("run,base", [("moe+permute", "moe"), ("moe+permute+gg", "moe"),
                                       ("moe-allgather+permute+gg", "moe-allgather")])
-def test_moe_fusions_match_unfused(results, run, base):
+def test_moe_fusions_match_unfused(results, run, base, release):
     fused, ref = results[run], results[base]
     assert ref["experts"] == ["SequentialMLP"] and ref["losses"][-1] < ref["losses"][0]
     assert not ref["calls"]
     assert fused["calls"].get("permute", 0) > 0 and fused["calls"].get("unpermute", 0) > 0
-    if run.endswith("+gg"):
+    if run.endswith("+gg") and release.series == "0.16":
         assert fused["experts"] == ["GroupedMLP"] and fused["calls"].get("gmm", 0) > 0
+    elif run.endswith("+gg"):  # upstream removed GroupedMLP in 0.17: the local spec's experts
+        assert fused["experts"] == ["SequentialMLP"] and not fused["calls"].get("gmm")
     if run == "moe+permute":  # 2 local experts per rank: the chunk sort is fused too
         assert fused["calls"].get("sort_chunks_by_index", 0) > 0
     assert worst(fused["losses"], ref["losses"]) <= TOLERANCE, (run, fused, ref)

@@ -207,7 +207,8 @@ def test_a_spawned_worker_builds_the_light_encoder(hf_tokenizer):
     """Platforms without fork: the worker builds from the LightSpec, not megatron-core."""
     from megatron_musa_patch.data import encode, light
 
-    args = hf_args(hf_tokenizer)
+    # tokenize() (the piece cache's case), not the 0.17+ default tokenizer(text)
+    args = hf_args(hf_tokenizer, tokenizer_hf_include_special_tokens=False)
     spec = light.guess(light.tokenizer_json(args), args)
     settings = encode.Settings(("text",), True, False, "uint16", spec.eod, spec.vocab_size)
     saved = dict(encode._STATE)

@@ -104,3 +104,19 @@ def write_bin_idx(prefix, *, seed=0, documents=300, max_id=999):
         builder.add_document(doc, [len(doc)])
     builder.finalize(f"{prefix}.idx")
     return prefix
+
+
+GROUPED_MLP_SELECTED = "The legacy GroupedMLP will be deprecated"
+
+
+def assert_grouped_experts(log, release):
+    """--moe-grouped-gemm on the local spec ran GroupedMLP (0.16: upstream warns when it selects
+    it), or the release has none (removed in 0.17: the experts are SequentialMLP) and the patch
+    table shows the layer's GroupedMLP records standing aside for that reason."""
+    from megatron_musa_patch.compat import facts
+
+    if facts.holds("local_spec_has_grouped_mlp", release.first):
+        assert GROUPED_MLP_SELECTED in log
+    else:
+        assert GROUPED_MLP_SELECTED not in log
+        assert re.search(r"skipped\s+recompute\.grouped_experts_fc2\b", log), log[-3000:]

@@ -18,7 +18,7 @@ import pytest
 
 from megatron_musa_patch.compat import facts
 
-from .runner import run_stock
+from .runner import GROUPED_MLP_SELECTED, run_stock
 from .test_pretrain_gpt import assert_close
 
 pytestmark = pytest.mark.stock
@@ -29,7 +29,6 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
        "--position-embedding-type", "rope"]
 EP2 = [*MOE, "--expert-model-parallel-size", "2"]
 FUSED = ["--moe-permute-fusion", "--moe-grouped-gemm"]
-GROUPED_MLP_SELECTED = "The legacy GroupedMLP will be deprecated"
 
 
 def test_permute_fusion_matches_unfused(lm_path):

@@ -82,7 +82,7 @@ def test_shared_expert_overlap_matches_no_overlap(lm_path, release):
         assert overlap == plain
     else:
         assert overlap[1] == plain[1] and len(overlap) == len(plain) == 3
-        assert_close(overlap, plain, 1e-6)
+        assert_close(overlap, plain, 2e-6)  # one unit of the log's sixth decimal, rounded
 
 
 def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from ..conftest import REPO, subprocess_env
-from .runner import LOSS, mmp_executable, write_bin_idx
+from .runner import LOSS, assert_grouped_experts, mmp_executable, write_bin_idx
 
 pytestmark = pytest.mark.stock
 
@@ -140,7 +140,8 @@ def losses_of(log):
     return {int(i): float(v) for i, v in LOSS.findall(log)}
 
 
-def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_path):
+def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_path,
+                                                         release):
     data_path, tokenizer = blended
     groups = seed_groups(data_path, tokenizer, tmp_path / "ckpt", iters=3)
     argv = [MMP, "run", "--standalone", "--nproc-per-node", "2",
@@ -165,7 +166,7 @@ def test_seed_tutorial_flag_set_trains_on_blended_shards(lm_path, blended, tmp_p
     assert log.count("--tp-comm-overlap overlaps tensor-parallel communication") == 1
     # GroupedMLP (--moe-grouped-gemm; Megatron's argument dump shows it hidden from its CUDA
     # capability check) and the local spec's MLA ran
-    assert "The legacy GroupedMLP will be deprecated" in log
+    assert_grouped_experts(log, release)
     for term in ("mtp_1 loss", "seq_load_balancing_loss", "device_level_balancing_loss",
                  "communication_balancing_loss"):
         assert term in log, term
@@ -200,7 +201,7 @@ def null_tokens(tmp_path_factory):
 
 
 def test_mt_deepseek_v2_lite_script_trains_with_tp2_and_sequence_parallel(lm_path, null_tokens,
-                                                                         tmp_path):
+                                                                         tmp_path, release):
     # extra arguments go to pretrain_gpt.py: a wait after each checkpoint save
     proc, log = run(["bash", str(SCRIPT), "--wait-after-ckpt", "1"],
                     **mt_script_env(lm_path, tmp_path, null_tokens, TRANSFORMER_IMPL="local"))
@@ -217,7 +218,8 @@ def test_mt_deepseek_v2_lite_script_trains_with_tp2_and_sequence_parallel(lm_pat
                         ("mla_rms_recompute", "True"), ("mlp_rms_recompute", "True"),
                         ("recompute_variance", "True")):
         assert re.search(rf"\b{name} \.+ {re.escape(value)}\n", log), (name, value)
-    assert "seq_load_balancing_loss" in log and "The legacy GroupedMLP will be deprecated" in log
+    assert "seq_load_balancing_loss" in log
+    assert_grouped_experts(log, release)
     for iteration in (2, 3):  # --save-interval 2, and the final save
         assert f"--wait-after-ckpt: waited 1 s after saving the checkpoint of iteration " \
             f"{iteration}" in log

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .runner import run_stock
+from .runner import assert_grouped_experts, run_stock
 
 pytestmark = pytest.mark.stock
 
@@ -93,7 +93,7 @@ FULL_BLOCK_0 = ["--recompute-granularity", "full", "--recompute-method", "block"
                 "--recompute-num-layers", "0"]
 
 
-def test_grouped_experts_and_overlapped_shared_expert_bitwise(lm_path, baseline):
+def test_grouped_experts_and_overlapped_shared_expert_bitwise(lm_path, baseline, release):
     """--moe-grouped-gemm (the grouped fc2 GEMM skipped in the variance recompute) and
     --moe-shared-expert-overlap (its activations released under --mlp-recompute), with
     --mlp-rms-recompute and full/block/0 granularity as MT-Megatron's scripts pass them."""
@@ -101,7 +101,7 @@ def test_grouped_experts_and_overlapped_shared_expert_bitwise(lm_path, baseline)
     steps, counts, log = probe(lm_path, [*MOE_GROUPED_OVERLAP, *ALL, "--mlp-rms-recompute",
                                          *FULL_BLOCK_0])
     assert steps == ref and counts["variance_blocks"] > 0
-    assert "The legacy GroupedMLP will be deprecated" in log  # the grouped experts ran
+    assert_grouped_experts(log, release)
     assert re.search(r"recompute_granularity \.+ full", log)
 
 
