@@ -8,7 +8,10 @@ Semantics chosen so Megatron's code paths stay correct, not merely silent:
   already synchronised with every other; events record wall-clock time so ``elapsed_time``
   measures real work.
 * RNG: the device generator *is* ``torch.default_generator`` (CPU kernels such as dropout draw
-  from it), so Megatron's RNG tracker drives the model's randomness exactly as on a GPU.
+  from it), so Megatron's RNG tracker drives the model's randomness exactly as on a GPU. Beside
+  it a *host generator* stands for the CPU generator of a GPU machine: ``torch.manual_seed``
+  seeds both, ``torch.cuda.manual_seed`` only the device's, and Megatron's host-side
+  initialisation (``use_cpu_initialization``) draws from it (:func:`host_rng`).
 * Memory statistics: the CPU allocator keeps none, so these report the process's resident set
   (``memory_stats()['mmp.source'] == 'process_rss'``), clearly not allocator numbers.
 * CUDA graphs and memory pools do not exist here and raise a clear error.
@@ -261,6 +264,34 @@ seed_all = seed
 
 def initial_seed() -> int:
     return _state.initial_seed if _state.initial_seed is not None else torch.initial_seed()
+
+
+# On a GPU machine the host and the device generators are two streams: torch.manual_seed(42)
+# seeds both, torch.cuda.manual_seed(41) (model_parallel_cuda_manual_seed) only the device's, and
+# Megatron's CPU initialisation keeps drawing from the host's 42 -- which is what makes TP1 and
+# TP4 master weights equal whatever the device seed. Here every kernel draws from
+# torch.default_generator, the device generator above, so the host stream is kept aside and
+# swapped in only around the host-side draws Megatron names as such. torch.Generator() starts
+# from the same default seed as torch.default_generator.
+_host = torch.Generator()
+
+
+def seed_host(seed: int) -> None:
+    """What torch.manual_seed / torch.seed also do to the CPU generator of a GPU machine."""
+    _host.manual_seed(int(seed))
+
+
+@contextlib.contextmanager
+def host_rng():
+    """Draws inside come from the host generator and advance it; the device generator is left
+    exactly where it was."""
+    device_state = torch.default_generator.get_state()
+    torch.default_generator.set_state(_host.get_state())
+    try:
+        yield
+    finally:
+        _host.set_state(torch.default_generator.get_state())
+        torch.default_generator.set_state(device_state)
 
 
 # ---------------------------------------------------------------------------- memory statistics

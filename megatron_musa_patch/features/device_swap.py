@@ -41,6 +41,7 @@ def mmp_register_patches(session, registry, device):
     registry.extend(mapping.arbitrate(_torch_cuda_patches(device)))
     registry.extend(mapping.arbitrate(_device_string_patches(device)))
     registry.extend(_megatron_patches(device))
+    registry.extend(_host_rng_patches(device))
     registry.extend(_jit_patches(device, session.settings.jit))
     registry.add(Patch(
         "device.torchada_guard", "torchada:*", "module", _refuse_torchada, FEATURE, strict=True,
@@ -200,6 +201,54 @@ def _fork_without_false_warning(wrapped, instance, args, kwargs):
             rng_logger.removeFilter(_RNG_FILTER)
 
     return fork()
+
+
+# ----------------------------------------------------------------------------- host RNG
+# Where the device generator is the host's (the CPU row), the row keeps a second stream for the
+# host generator of a GPU machine (cpu_api.host_rng): seeded by torch.manual_seed / torch.seed,
+# not by torch.cuda.manual_seed, and drawn from by Megatron's host-side initialisation. Dropout
+# and everything inside the tracker's fork() still draw from the device generator, unchanged.
+
+
+def _host_rng_patches(device):
+    def shared():
+        return device.rng_shared_with_host or f"the {device.name} generator is not the host's"
+
+    def record(pid, target, impl, why):
+        return Patch(pid, target, "wrap", impl, FEATURE, devices=frozenset({"cpu"}),
+                     strict=True, condition=shared, why=why)
+
+    seeds = "torch.manual_seed seeds the host generator as on a GPU machine"
+    for module in ("torch", "torch.random"):
+        yield record(f"device.host_rng.{module}.manual_seed", f"{module}:manual_seed",
+                     _seeding_host(device, lambda result, args, kwargs: _seed_argument(args,
+                                                                                       kwargs)),
+                     seeds)
+        yield record(f"device.host_rng.{module}.seed", f"{module}:seed",
+                     _seeding_host(device, lambda result, args, kwargs: result), seeds)
+    yield record(
+        "device.host_rng.cpu_initialization",
+        "megatron.core.tensor_parallel.layers:_initialize_affine_weight_cpu",
+        lambda wrapped, instance, args, kwargs: _on_host_rng(device, wrapped, args, kwargs),
+        "use_cpu_initialization draws from the host generator, whatever the device seed")
+
+
+def _seed_argument(args, kwargs):
+    return args[0] if args else kwargs["seed"]
+
+
+def _seeding_host(device, seed_of):
+    def seeding(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        device.module().seed_host(seed_of(result, args, kwargs))
+        return result
+
+    return seeding
+
+
+def _on_host_rng(device, wrapped, args, kwargs):
+    with device.module().host_rng():
+        return wrapped(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- @jit_fuser

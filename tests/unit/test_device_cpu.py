@@ -200,3 +200,46 @@ def test_rng_tracker_drives_dropout_without_false_warnings():
     proc = run_python(RNG_TRACKER_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+HOST_RNG_SCRIPT = """
+import sys, tempfile
+import megatron_musa_patch, torch
+from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+store = tempfile.mktemp()
+torch.distributed.init_process_group("nccl", init_method="file://" + store, rank=0, world_size=1)
+ps.initialize_model_parallel(1, 1)
+config = TransformerConfig(num_layers=1, hidden_size=12, num_attention_heads=4,
+                           use_cpu_initialization=True)
+
+def build(device_seed):
+    torch.manual_seed(42)
+    model_parallel_cuda_manual_seed(device_seed)
+    weight = ColumnParallelLinear(16, 8, config=config, init_method=config.init_method,
+                                  bias=False).weight.detach().clone()
+    return weight, torch.rand(4, device="cuda")
+
+w42, _ = build(42)
+w41, device_draw = build(41)
+expected = torch.empty(8, 16)
+torch.manual_seed(42)
+config.init_method(expected)
+assert torch.equal(w42, w41), "the device seed reached CPU initialisation"
+assert torch.equal(w41, expected), "CPU initialisation is not on torch.manual_seed's stream"
+fresh = torch.rand(4, generator=torch.Generator().manual_seed(41))
+assert torch.equal(device_draw, fresh), "the host draws moved the device generator"
+print("ok")
+"""
+
+
+def test_cpu_initialization_draws_from_the_host_generator():
+    """torch.manual_seed(42) then model_parallel_cuda_manual_seed(41): use_cpu_initialization
+    stays on 42, as on a GPU (upstream's tensor_parallel/test_initialization.py, TP1 vs TP4), and
+    the device generator (dropout's) is where the device seed put it."""
+    proc = run_python(HOST_RNG_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")

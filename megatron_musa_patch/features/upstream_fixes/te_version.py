@@ -1,8 +1,19 @@
-"""``OptimizerConfig.__post_init__`` calls ``is_te_min_version`` for the precision-aware
-optimizer; without TE that compares ``None`` with a version (TypeError). No TE means no TE
-version is new enough."""
+"""Reading the TransformerEngine version without TransformerEngine.
+
+megatron-core 0.16's ``megatron.core.utils.get_te_version`` returns ``None`` when TE is not
+installed, so ``is_te_min_version`` (which compares that value with a version) and every caller
+that compares ``get_te_version()`` itself raise a TypeError: ``OptimizerConfig`` for the
+precision-aware optimizer, the T5 dataset, the language module's checkpoint hooks, and the
+``conftest.py`` of upstream's own unit tests, which asks ``is_te_min_version("1.3")`` before every
+test. 0.17 made the helper answer version 0.0.0 without TE; this fix does the same on 0.16, in the
+helper itself, so every reader -- ``is_te_min_version`` and the modules holding ``from
+megatron.core.utils import get_te_version`` copies (the patch applies as the module loads, before
+they import it) -- sees "no TE version is new enough".
+"""
 
 from __future__ import annotations
+
+from packaging.version import Version
 
 from ...compat.facts import fixed_upstream
 from ...conditions import te_missing
@@ -11,17 +22,21 @@ from ...registry import Patch
 
 FEATURE = "upstream_fixes.te_version"
 REQUIRED = False
-DESCRIPTION = "is_te_min_version answers False without TE"
+DESCRIPTION = "get_te_version / is_te_min_version answer 'no TE' (version 0.0.0) without TE"
+
+#: what 0.17+ answers without TE
+NO_TE_VERSION = Version("0.0.0")
 
 
 @hookimpl
 def mmp_register_patches(registry):
     until, outside = fixed_upstream("te_version_without_te")
     registry.add(Patch(
-        f"{FEATURE}.optimizer_config", "megatron.core.optimizer.optimizer_config:is_te_min_version",
-        "wrap", _false, FEATURE, condition=te_missing, megatron=until, outside=outside,
-        why="no TE means no TE version is new enough"))
+        FEATURE, "megatron.core.utils:get_te_version", "wrap", _no_te_version, FEATURE,
+        condition=te_missing, megatron=until, outside=outside,
+        why="no TE means no TE version is new enough (what 0.17 answers: 0.0.0)"))
 
 
-def _false(wrapped, instance, args, kwargs):
-    return False
+def _no_te_version(wrapped, instance, args, kwargs):
+    found = wrapped(*args, **kwargs)
+    return NO_TE_VERSION if found is None else found

@@ -1,0 +1,387 @@
+"""Megatron-LM's own unit tests run through the layer: the device layer's conformance suite.
+
+Runs chosen files of an unpacked Megatron-LM checkout's ``tests/unit_tests`` on N CPU ranks
+(torchrun, the layer activated by ``MEGATRON_MUSA_PATCH=1``), one file at a time with a timeout
+per file, and classifies every test: passed, failed (with its cause and where it belongs),
+off CUDA by design (needs TransformerEngine, CUDA tensors or CUDA graphs: it cannot pass on CPU or
+MUSA), skipped by upstream's own condition, hung or not run (its file hit the timeout or a rank
+died). The results of each release go to ``<results>/<tag>.json``; ``docs/conformance.md`` is
+generated from every release's results there, never edited by hand.
+
+    python benchmarks/conformance.py --lm-path /path/Megatron-LM-core_v0.16.1            # default set
+    python benchmarks/conformance.py --lm-path ... --set ci --nproc 8 --timeout 300       # CI slice
+    python benchmarks/conformance.py --lm-path ... tests/unit_tests/tensor_parallel/test_random.py
+    python benchmarks/conformance.py --render-only                  # docs/conformance.md again
+
+``--python`` picks the interpreter (a venv with the package and the release's megatron-core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORKER = HERE / "conformance_worker.py"
+
+#: the files the issue names (tensor parallelism, RNG, initialisation, attention, MLP, blocks,
+#: pipeline schedules, parallel state, gradient buffers, routers, dispatchers, MTP, RoPE and the
+#: CPU-offload optimizer)
+DEFAULT_SET = (
+    "tensor_parallel/test_mappings.py",
+    "tensor_parallel/test_random.py",
+    "tensor_parallel/test_initialization.py",
+    "tensor_parallel/test_cross_entropy.py",
+    "tensor_parallel/test_data.py",
+    "tensor_parallel/test_layers.py",
+    "tensor_parallel/test_tensor_parallel_utils.py",
+    "transformer/test_attention.py",
+    "transformer/test_mlp.py",
+    "transformer/test_transformer_block.py",
+    "transformer/test_rope.py",
+    "transformer/test_multi_token_prediction.py",
+    "transformer/moe/test_routers.py",
+    "transformer/moe/test_token_dispatcher.py",
+    "transformer/moe/test_aux_loss.py",
+    "pipeline_parallel/test_schedules.py",
+    "distributed/test_param_and_grad_buffer.py",
+    "test_parallel_state.py",
+    "test_optimizer_cpu_offloading.py",
+)
+#: a few minutes on 2 cores: the device layer's RNG, collectives and initialisation
+CI_SET = (
+    "tensor_parallel/test_mappings.py",
+    "tensor_parallel/test_random.py",
+    "tensor_parallel/test_initialization.py",
+)
+
+#: files that are not distributed (no process group): every rank would run the same test, so
+#: 8 ranks only multiply the memory (8 copies of BigNet's optimizer states)
+SINGLE_PROCESS = {"test_optimizer_cpu_offloading.py"}
+
+#: (pattern on a failure's message or a skip's reason, why it cannot pass off CUDA)
+OFF_CUDA = (
+    (r"TESpecProvider|transformer_engine|TransformerEngine|\bTE\b|is_te_min_version|TELinear"
+     r"|TEDotProductAttention|HAVE_TE", "needs TransformerEngine"),
+    (r"CUDA graph|cuda_graph|CudaGraph|cudagraph|torch\.cuda\.graph", "needs CUDA graphs"),
+    (r"device\.type == .cuda.|is_cuda|device\(type='cuda'|Expected all tensors to be on the "
+     r"same device|cuda:\d", "checks that tensors are on a CUDA device"),
+    (r"\bapex\b|Apex", "needs Apex"),
+    # without TE upstream puts a MagicMock in its place (extensions/transformer_engine.py)
+    (r"Mock object has no attribute|MagicMock", "needs TransformerEngine (a mock without it)"),
+    (r"flash_attn|FlashAttention", "needs flash-attn"),
+    (r"[Nn]ot enough (GPU|CUDA)|requires? (a )?(GPU|CUDA)|CUDA is not available",
+     "needs CUDA devices"),
+)
+
+#: (pattern on a failure's message, its cause, the issue or upstream bug it belongs to) -- what
+#: remains once the layer's fixes are in; found by reading each failure
+KNOWN_CAUSES = (
+    (r"Timed out|timed out|TimeoutError|DistStoreError|wait timeout",
+     "a collective or store wait ran past upstream's 1-minute timeout while 8 ranks share the "
+     "machine's cores", "this machine's size (not the layer)"),
+)
+
+
+# ---------------------------------------------------------------------------- running a file
+def run_file(python: str, lm_path: Path, test_file: str, nproc: int, timeout: float,
+             env_extra: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mmp-conformance-") as out:
+        env = dict(os.environ)
+        env.update(MEGATRON_MUSA_PATCH="1", MEGATRON_LM_PATH=str(lm_path),
+                   MMP_CONFORMANCE_OUT=out, OMP_NUM_THREADS="1", **env_extra)
+        env.setdefault("MEGATRON_MUSA_PATCH_DEVICE", "cpu")
+        command = [python, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", str(WORKER), test_file]
+        begin = time.monotonic()
+        proc = subprocess.Popen(command, cwd=str(lm_path), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            status = "finished"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            status = "timeout"
+        seconds = time.monotonic() - begin
+        events = {}
+        for rank_file in sorted(Path(out).glob("rank*.jsonl")):
+            rank = int(rank_file.stem[4:])
+            events[rank] = [json.loads(line) for line in rank_file.read_text().splitlines()
+                            if line.strip()]
+    killed = re.findall(r"exitcode\s*:\s*(-\d+)", output)
+    if status == "finished" and any(code in ("-9", "-6", "-11") for code in killed):
+        status = f"rank killed (signal {-int(killed[0])})"
+    tests = merge(events, status)
+    return {"file": test_file, "nproc": nproc, "status": status, "returncode": proc.returncode,
+            "seconds": round(seconds, 1), "tests": tests, "output_tail": output[-2500:]}
+
+
+def merge(events: dict, status: str) -> dict:
+    """nodeid -> {outcome, message, seconds}: a test passed where every rank passed it, failed
+    where one rank failed it (the lowest such rank's message), skipped as rank 0 skipped it."""
+    collected = []
+    for rank in sorted(events):
+        for event in events[rank]:
+            if event["event"] == "collected" and not collected:
+                collected = event["nodeids"]
+    per_test = collections.defaultdict(dict)  # nodeid -> rank -> (outcome, message, seconds)
+    started = collections.defaultdict(set)
+    errors = {}
+    for rank, rank_events in sorted(events.items()):
+        for event in rank_events:
+            if event["event"] == "start":
+                started[event["nodeid"]].add(rank)
+            elif event["event"] == "collect_error":
+                errors.setdefault(event["nodeid"], event["message"])
+            elif event["event"] == "report":
+                outcome, message, seconds = per_test[event["nodeid"]].get(rank, ("passed", "", 0))
+                seconds += event["duration"]
+                if event["outcome"] == "failed" and outcome != "failed":
+                    outcome, message = "failed", f"[{event['when']}] {event['message']}"
+                elif event["outcome"] == "skipped" and outcome == "passed":
+                    outcome, message = "skipped", event["message"]
+                per_test[event["nodeid"]][rank] = (outcome, message, seconds)
+    ranks = sorted(events)
+    result = {}
+    unfinished_seen = False
+    for nodeid in collected:
+        by_rank = per_test.get(nodeid, {})
+        finished = [r for r in ranks if r in by_rank and _complete(events[r], nodeid)]
+        failed = [r for r in finished if by_rank[r][0] == "failed"]
+        seconds = max((by_rank[r][2] for r in by_rank), default=0.0)
+        if failed:
+            outcome, message = "failed", by_rank[failed[0]][1]
+        elif len(finished) < len(ranks):
+            ran = bool(started.get(nodeid))
+            why = "timeout" if status == "timeout" else status
+            if ran and not unfinished_seen:
+                outcome, message = "hung", f"running when the file stopped ({why})"
+                unfinished_seen = True
+            else:
+                outcome, message = "not run", f"the file stopped before it ({why})"
+        elif by_rank[ranks[0]][0] == "skipped":
+            outcome, message = "skipped", by_rank[ranks[0]][1]
+        else:
+            outcome, message = "passed", ""
+        result[nodeid] = {"outcome": outcome, "message": message[:600],
+                          "seconds": round(seconds, 2)}
+    for nodeid, message in errors.items():
+        result[nodeid] = {"outcome": "failed", "message": f"[collect] {message}"[:600],
+                          "seconds": 0.0}
+    return result
+
+
+def _complete(rank_events, nodeid) -> bool:
+    return any(e["event"] == "report" and e["nodeid"] == nodeid and e["when"] == "teardown"
+               for e in rank_events)
+
+
+# ---------------------------------------------------------------------------- classifying
+#: test names that say what they need
+OFF_CUDA_NAMES = ((r"::test_te_|_te_\w*\[|::test_\w*_te\b|\[te\b|-te\]|TE\w*Spec", "needs TransformerEngine"),
+                  (r"cuda_graph|cudagraph", "needs CUDA graphs"))
+
+
+def classify(test: dict, nodeid: str = "") -> tuple:
+    """(category, reason, belongs to) of one merged test."""
+    outcome, message = test["outcome"], test["message"]
+    if outcome == "passed":
+        return "passed", "", ""
+    for pattern, why in OFF_CUDA_NAMES:
+        if outcome in ("failed", "skipped") and re.search(pattern, nodeid):
+            return "off CUDA by design", why, "upstream's test needs CUDA"
+    for pattern, why in OFF_CUDA:
+        if outcome in ("failed", "skipped") and re.search(pattern, message):
+            return "off CUDA by design", why, "upstream's test needs CUDA"
+    if outcome == "skipped":
+        return "skipped", message or "upstream's skip condition", ""
+    if outcome in ("hung", "not run"):
+        return outcome, message, "see the file's time line"
+    for pattern, cause, where in KNOWN_CAUSES:
+        if re.search(pattern, message):
+            return "failed", cause, where
+    return "failed", message, "not yet classified"
+
+
+# ---------------------------------------------------------------------------- the release
+def describe_release(python: str, lm_path: Path) -> dict:
+    code = ("import json, sys\nfrom pathlib import Path\n"
+            "from megatron_musa_patch import releases, versions\n"
+            "core = versions.megatron_core_version()\n"
+            "lm = versions.megatron_lm_version(Path(sys.argv[1]))\n"
+            "row = releases.release_of(core)\n"
+            "import torch\n"
+            "print(json.dumps({'megatron_core': str(core), 'megatron_lm': str(lm),\n"
+            "    'tag': row.lm_tag if row else 'unsupported', 'series': row.series if row else '',\n"
+            "    'python': sys.version.split()[0], 'torch': torch.__version__}))")
+    proc = subprocess.run([python, "-c", code, str(lm_path)], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("MEGATRON_MUSA_PATCH")})
+    if proc.returncode != 0:
+        sys.exit(f"conformance: error: {python} cannot tell the release (is the package "
+                 f"installed there?):\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------- the report
+def render(results_dir: Path) -> str:
+    sys.path.insert(0, str(HERE))
+    from machine import describe  # noqa: E402
+
+    runs = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+    lines = ["# Conformance: Megatron-LM's unit tests through the layer", "",
+             "Generated by `benchmarks/conformance.py` from `docs/conformance/*.json`; do not "
+             "edit by hand (run `python benchmarks/conformance.py --render-only`).", "",
+             "Each file of upstream's `tests/unit_tests` ran on CPU ranks through the layer "
+             "(`MEGATRON_MUSA_PATCH=1`, `torchrun`), one file at a time with a timeout. "
+             "*Off CUDA by design*: the test needs TransformerEngine, CUDA tensors or CUDA "
+             "graphs, so it cannot pass on CPU or MUSA. The pass rate counts the tests that "
+             "need neither: passed / (passed + failed + hung + not run).", ""]
+    for run in runs:
+        rel = run["release"]
+        lines += [f"## megatron-core {rel['megatron_core']}, Megatron-LM {rel['tag']}", "",
+                  f"{run['machine']}; {run['nproc']} ranks, {run['timeout']:.0f} s per file; "
+                  f"run {run['date']}.", ""]
+        counts = collections.Counter()
+        by_dir = collections.defaultdict(collections.Counter)
+        failures, off_cuda = [], collections.Counter()
+        for file_result in run["files"]:
+            directory = os.path.dirname(file_result["file"].replace("tests/unit_tests/", "",
+                                                                    1)) or "."
+            for nodeid, test in file_result["tests"].items():
+                category, reason, where = classify(test, nodeid)
+                counts[category] += 1
+                by_dir[directory][category] += 1
+                if category == "off CUDA by design":
+                    off_cuda[reason] += 1
+                elif category in ("failed", "hung", "not run"):
+                    failures.append((nodeid, category, reason, where))
+        runnable = sum(counts[c] for c in ("passed", "failed", "hung", "not run"))
+        rate = f"{100 * counts['passed'] / runnable:.1f}%" if runnable else "n/a"
+        lines += [f"**{counts['passed']} of {runnable} runnable tests pass ({rate})**; "
+                  f"{counts['off CUDA by design']} off CUDA by design, {counts['skipped']} "
+                  f"skipped by upstream's own conditions.", "",
+                  "| directory | passed | failed | off CUDA by design | skipped | hung | "
+                  "not run |", "|---|---|---|---|---|---|---|"]
+        for directory in sorted(by_dir):
+            c = by_dir[directory]
+            lines.append(f"| `{directory}` | {c['passed']} | {c['failed']} | "
+                         f"{c['off CUDA by design']} | {c['skipped']} | {c['hung']} | "
+                         f"{c['not run']} |")
+        lines += ["", "Files (status, wall time, slowest tests):", ""]
+        for file_result in run["files"]:
+            slow = sorted(file_result["tests"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
+            slow_text = ", ".join(f"`{n.split('::', 1)[-1]}` {t['seconds']:.1f} s"
+                                  for n, t in slow if t["seconds"] >= 1.0)
+            ranks = file_result.get("nproc", run["nproc"])
+            lines.append(f"- `{file_result['file']}`"
+                         + (f" ({ranks} rank: not distributed)" if ranks != run["nproc"] else "")
+                         + f": {file_result['status']}, "
+                         f"{file_result['seconds']:.0f} s, {len(file_result['tests'])} tests"
+                         + (f"; slowest: {slow_text}" if slow_text else ""))
+        if off_cuda:
+            lines += ["", "Off CUDA by design:", ""]
+            lines += [f"- {why}: {n}" for why, n in off_cuda.most_common()]
+        lines += ["", "Remaining failures, hangs and tests not run:", ""]
+        if not failures:
+            lines.append("- none")
+        for nodeid, category, reason, where in failures:
+            lines.append(f"- `{nodeid}` ({category}): {_one_line(reason)} -- *{where}*")
+        lines.append("")
+    if not runs:
+        lines += ["No results yet.", ""]
+    lines += [f"Rendered on {describe()}.", ""]
+    return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="*", help="test files (paths inside the checkout)")
+    parser.add_argument("--lm-path", type=Path, default=os.environ.get("MEGATRON_LM_PATH"),
+                        help="unpacked Megatron-LM checkout (default: MEGATRON_LM_PATH)")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--nproc", type=int, default=8, help="ranks (upstream assumes 8)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per file")
+    parser.add_argument("--set", choices=("default", "ci"), default="default")
+    parser.add_argument("--results", type=Path, default=REPO / "docs" / "conformance")
+    parser.add_argument("--markdown", type=Path, default=REPO / "docs" / "conformance.md")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print the summary only; keep docs/ as it is (CI)")
+    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--min-pass-rate", type=float, default=None,
+                        help="exit 1 when the runnable tests' pass rate is below this (percent)")
+    args = parser.parse_args(argv)
+    if args.render_only:
+        args.markdown.write_text(render(args.results))
+        print(f"conformance: wrote {args.markdown}")
+        return 0
+    if not args.lm_path or not (Path(args.lm_path) / "tests" / "unit_tests").is_dir():
+        parser.error(f"--lm-path {args.lm_path}: not a Megatron-LM checkout with tests/unit_tests "
+                     f"(unpack an archive of ../shared/upstream/ and point --lm-path at it)")
+    lm_path = Path(args.lm_path).resolve()
+    chosen = args.files or [f"tests/unit_tests/{f}" for f in
+                            (CI_SET if args.set == "ci" else DEFAULT_SET)]
+    missing = [f for f in chosen if not (lm_path / f).is_file()]
+    if missing:
+        parser.error(f"not in {lm_path}: {', '.join(missing)}")
+    release = describe_release(args.python, lm_path)
+    sys.path.insert(0, str(HERE))
+    from machine import describe  # noqa: E402
+
+    print(f"conformance: megatron-core {release['megatron_core']} with {lm_path.name}, "
+          f"{args.nproc} ranks, {args.timeout:.0f} s per file; {describe()}", flush=True)
+    files = []
+    for number, test_file in enumerate(chosen, 1):
+        nproc = 1 if os.path.basename(test_file) in SINGLE_PROCESS else args.nproc
+        result = run_file(args.python, lm_path, test_file, nproc, args.timeout, {})
+        files.append(result)
+        tally = collections.Counter(classify(t, n)[0] for n, t in result["tests"].items())
+        print(f"[{number}/{len(chosen)}] {test_file}: {result['status']} in "
+              f"{result['seconds']:.0f} s: " + ", ".join(f"{n} {c}" for c, n in
+                                                        sorted(tally.items())), flush=True)
+        if not result["tests"]:
+            print(result["output_tail"], flush=True)
+    run = {"release": release, "nproc": args.nproc, "timeout": args.timeout,
+           "machine": describe(), "date": time.strftime("%Y-%m-%d"), "files": files}
+    runnable = passed = 0
+    for file_result in files:
+        for nodeid, test in file_result["tests"].items():
+            category, reason, _ = classify(test, nodeid)
+            runnable += category in ("passed", "failed", "hung", "not run")
+            passed += category == "passed"
+            if category in ("failed", "hung", "not run"):
+                print(f"  {category}: {nodeid}: {_one_line(reason)}")
+    rate = 100.0 * passed / runnable if runnable else 100.0
+    print(f"conformance: {passed} of {runnable} runnable tests pass ({rate:.1f}%)")
+    if not args.no_write:
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / f"{release['tag']}.json").write_text(json.dumps(run, indent=1))
+        args.markdown.write_text(render(args.results))
+        print(f"conformance: wrote {args.results / (release['tag'] + '.json')} and "
+              f"{args.markdown}")
+    if args.min_pass_rate is not None and rate < args.min_pass_rate:
+        print(f"conformance: error: pass rate {rate:.1f}% is below --min-pass-rate "
+              f"{args.min_pass_rate}%", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

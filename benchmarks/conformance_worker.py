@@ -1,0 +1,60 @@
+"""One rank of a conformance run (benchmarks/conformance.py starts N of these with torchrun).
+
+Runs pytest on the given upstream test file(s) and writes what happens as it happens, one JSON
+line per event into ``$MMP_CONFORMANCE_OUT/rank<RANK>.jsonl``: what was collected, each test as it
+starts, each phase's report. Written line by line (not a junit file at the end) so that a file
+stopped at its timeout still says which tests finished and which one was running.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+
+class Recorder:
+    def __init__(self, path):
+        self.file = open(path, "a", encoding="utf-8", buffering=1)
+
+    def _write(self, **event):
+        self.file.write(json.dumps(event) + "\n")
+
+    def pytest_collection_finish(self, session):
+        self._write(event="collected", nodeids=[item.nodeid for item in session.items])
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self._write(event="collect_error", nodeid=report.nodeid,
+                        message=_message(report))
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._write(event="start", nodeid=nodeid)
+
+    def pytest_runtest_logreport(self, report):
+        self._write(event="report", nodeid=report.nodeid, when=report.when,
+                    outcome=report.outcome, duration=round(report.duration, 3),
+                    message=_message(report) if not report.passed else "")
+
+
+def _message(report) -> str:
+    """The skip reason, or the failure's last lines (the exception) and its source line."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (file, line, reason)
+        return str(longrepr[2])
+    text = str(longrepr or "")
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    return " | ".join(errors[-6:]) if errors else text[-800:]
+
+
+def main():
+    out = os.environ["MMP_CONFORMANCE_OUT"]
+    rank = os.environ.get("RANK", "0")
+    recorder = Recorder(os.path.join(out, f"rank{rank}.jsonl"))
+    # upstream's pytest.ini adds coverage and other options of its CI: none of them here
+    args = ["-o", "addopts=", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]
+    sys.exit(pytest.main(args, plugins=[recorder]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""benchmarks/conformance.py's bookkeeping: how the ranks' event streams become one verdict per
+test, how verdicts are classified, and what docs/conformance.md says (no Megatron needed)."""
+
+import importlib.util
+import json
+
+from ..conftest import REPO
+
+spec = importlib.util.spec_from_file_location("conformance", REPO / "benchmarks" /
+                                              "conformance.py")
+conformance = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(conformance)
+
+F = "tests/unit_tests/x/test_f.py"
+
+
+def report(nodeid, when, outcome, message="", duration=0.5):
+    return {"event": "report", "nodeid": nodeid, "when": when, "outcome": outcome,
+            "duration": duration, "message": message}
+
+
+def passed(nodeid):
+    return [{"event": "start", "nodeid": nodeid}, report(nodeid, "setup", "passed"),
+            report(nodeid, "call", "passed"), report(nodeid, "teardown", "passed")]
+
+
+def stream(rank):
+    ids = [f"{F}::test_{n}" for n in "abcdef"]
+    events = [{"event": "collected", "nodeids": ids}]
+    events += passed(ids[0])
+    # b fails on rank 1 only: the test failed
+    events += [{"event": "start", "nodeid": ids[1]}, report(ids[1], "setup", "passed"),
+               report(ids[1], "call", "failed" if rank == 1 else "passed",
+                      "AssertionError: weights differ"), report(ids[1], "teardown", "passed")]
+    # c is skipped by upstream's condition; d fails on a TE spec
+    events += [{"event": "start", "nodeid": ids[2]},
+               report(ids[2], "setup", "skipped", "Only 8 ranks"),
+               report(ids[2], "teardown", "passed")]
+    events += [{"event": "start", "nodeid": ids[3]}, report(ids[3], "setup", "passed"),
+               report(ids[3], "call", "failed", "NameError: name 'TESpecProvider' is not "
+                                                "defined"), report(ids[3], "teardown", "passed")]
+    # e starts and never ends (the file's timeout); f never starts
+    events += [{"event": "start", "nodeid": ids[4]}, report(ids[4], "setup", "passed")]
+    return events
+
+
+def test_ranks_merge_into_one_verdict_per_test():
+    tests = conformance.merge({0: stream(0), 1: stream(1)}, "timeout")
+    outcomes = {n.split("::")[1]: t["outcome"] for n, t in tests.items()}
+    assert outcomes == {"test_a": "passed", "test_b": "failed", "test_c": "skipped",
+                        "test_d": "failed", "test_e": "hung", "test_f": "not run"}
+    assert "weights differ" in tests[f"{F}::test_b"]["message"]
+    assert tests[f"{F}::test_a"]["seconds"] == 1.5
+
+
+def test_classification_and_the_generated_page(tmp_path):
+    tests = conformance.merge({0: stream(0), 1: stream(1)}, "timeout")
+    kinds = {n.split("::")[1]: conformance.classify(t, n)[0] for n, t in tests.items()}
+    assert kinds == {"test_a": "passed", "test_b": "failed", "test_c": "skipped",
+                     "test_d": "off CUDA by design", "test_e": "hung", "test_f": "not run"}
+    assert conformance.classify(tests[f"{F}::test_d"], "")[1] == "needs TransformerEngine"
+    run = {"release": {"megatron_core": "0.16.1", "tag": "core_v0.16.1"}, "nproc": 2,
+           "timeout": 60.0, "machine": "machine: test", "date": "2026-12-01",
+           "files": [{"file": F, "status": "timeout", "seconds": 60.0, "tests": tests}]}
+    (tmp_path / "core_v0.16.1.json").write_text(json.dumps(run))
+    page = conformance.render(tmp_path)
+    assert "**1 of 4 runnable tests pass (25.0%)**; 1 off CUDA by design, 1 skipped" in page
+    assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 |" in page
+    assert f"`{F}::test_b` (failed): [call] AssertionError: weights differ" in page
+    assert f"`{F}::test_e` (hung)" in page and "do not edit by hand" in page
