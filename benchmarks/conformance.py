@@ -74,8 +74,9 @@ OFF_CUDA = (
     (r"TESpecProvider|transformer_engine|TransformerEngine|\bTE\b|is_te_min_version|TELinear"
      r"|TEDotProductAttention|HAVE_TE", "needs TransformerEngine"),
     (r"CUDA graph|cuda_graph|CudaGraph|cudagraph|torch\.cuda\.graph", "needs CUDA graphs"),
-    (r"device\.type == .cuda.|is_cuda|device\(type='cuda'|Expected all tensors to be on the "
-     r"same device|cuda:\d", "checks that tensors are on a CUDA device"),
+    (r"'cpu' == 'cuda'|device\.type == .cuda.|is_cuda|device\(type='cuda'"
+     r"|Expected all tensors to be on the same device|cuda:\d",
+     "checks that tensors are on a CUDA device"),
     (r"\bapex\b|Apex", "needs Apex"),
     # without TE upstream puts a MagicMock in its place (extensions/transformer_engine.py)
     (r"Mock object has no attribute|MagicMock", "needs TransformerEngine (a mock without it)"),
@@ -87,9 +88,12 @@ OFF_CUDA = (
 #: (pattern on a failure's message, its cause, the issue or upstream bug it belongs to) -- what
 #: remains once the layer's fixes are in; found by reading each failure
 KNOWN_CAUSES = (
+    (r"ProcessGroupGloo::allgather: invalid tensor size",
+     "gloo's all_gather wants the output's views to match the input's shape (NCCL takes any "
+     "views of the right size)", "ours: the collectives on the CPU row"),
     (r"Timed out|timed out|TimeoutError|DistStoreError|wait timeout",
      "a collective or store wait ran past upstream's 1-minute timeout while 8 ranks share the "
-     "machine's cores", "this machine's size (not the layer)"),
+     "machine's cores", "not yet shown whether the layer adds to it"),
 )
 
 
@@ -104,15 +108,18 @@ def run_file(python: str, lm_path: Path, test_file: str, nproc: int, timeout: fl
         command = [python, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", str(WORKER), test_file]
         begin = time.monotonic()
-        proc = subprocess.Popen(command, cwd=str(lm_path), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-            status = "finished"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            status = "timeout"
+        # output to a file, not a pipe: a rank left behind must not keep the run waiting
+        log_path = Path(out) / "output.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(command, cwd=str(lm_path), env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+                status = "finished"
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+                _kill(proc, Path(out))
+        output = log_path.read_text(errors="replace")
         seconds = time.monotonic() - begin
         events = {}
         for rank_file in sorted(Path(out).glob("rank*.jsonl")):
@@ -125,6 +132,20 @@ def run_file(python: str, lm_path: Path, test_file: str, nproc: int, timeout: fl
     tests = merge(events, status)
     return {"file": test_file, "nproc": nproc, "status": status, "returncode": proc.returncode,
             "seconds": round(seconds, 1), "tests": tests, "output_tail": output[-2500:]}
+
+
+def _kill(proc, out: Path) -> None:
+    """torchrun's process group, and the ranks (each in a session of its own)."""
+    for pid_file in out.glob("rank*.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def merge(events: dict, status: str) -> dict:
@@ -193,11 +214,18 @@ OFF_CUDA_NAMES = ((r"::test_te_|_te_\w*\[|::test_\w*_te\b|\[te\b|-te\]|TE\w*Spec
                   (r"cuda_graph|cudagraph", "needs CUDA graphs"))
 
 
-def classify(test: dict, nodeid: str = "") -> tuple:
+#: what the other ranks report when one of them is stopped
+LOST_PEERS = r"DistNetworkError|Broken pipe|Connection reset|Connection was likely closed"
+
+
+def classify(test: dict, nodeid: str = "", file_status: str = "finished") -> tuple:
     """(category, reason, belongs to) of one merged test."""
     outcome, message = test["outcome"], test["message"]
     if outcome == "passed":
         return "passed", "", ""
+    if file_status != "finished" and outcome == "failed" and re.search(LOST_PEERS, message):
+        return "not run", f"lost its peers when the file was stopped ({file_status})", \
+            "see the file's time line"
     for pattern, why in OFF_CUDA_NAMES:
         if outcome in ("failed", "skipped") and re.search(pattern, nodeid):
             return "off CUDA by design", why, "upstream's test needs CUDA"
@@ -260,7 +288,7 @@ def render(results_dir: Path) -> str:
             directory = os.path.dirname(file_result["file"].replace("tests/unit_tests/", "",
                                                                     1)) or "."
             for nodeid, test in file_result["tests"].items():
-                category, reason, where = classify(test, nodeid)
+                category, reason, where = classify(test, nodeid, file_result["status"])
                 counts[category] += 1
                 by_dir[directory][category] += 1
                 if category == "off CUDA by design":
@@ -336,6 +364,10 @@ def main(argv=None) -> int:
         parser.error(f"--lm-path {args.lm_path}: not a Megatron-LM checkout with tests/unit_tests "
                      f"(unpack an archive of ../shared/upstream/ and point --lm-path at it)")
     lm_path = Path(args.lm_path).resolve()
+    # the files run from the checkout: a relative interpreter path (.venv/bin/python) is made
+    # absolute, without resolving the venv's symlink (the venv is what it names)
+    if os.sep in args.python:
+        args.python = os.path.abspath(args.python)
     chosen = args.files or [f"tests/unit_tests/{f}" for f in
                             (CI_SET if args.set == "ci" else DEFAULT_SET)]
     missing = [f for f in chosen if not (lm_path / f).is_file()]
@@ -352,7 +384,8 @@ def main(argv=None) -> int:
         nproc = 1 if os.path.basename(test_file) in SINGLE_PROCESS else args.nproc
         result = run_file(args.python, lm_path, test_file, nproc, args.timeout, {})
         files.append(result)
-        tally = collections.Counter(classify(t, n)[0] for n, t in result["tests"].items())
+        tally = collections.Counter(classify(t, n, result["status"])[0]
+                                    for n, t in result["tests"].items())
         print(f"[{number}/{len(chosen)}] {test_file}: {result['status']} in "
               f"{result['seconds']:.0f} s: " + ", ".join(f"{n} {c}" for c, n in
                                                         sorted(tally.items())), flush=True)
@@ -363,7 +396,7 @@ def main(argv=None) -> int:
     runnable = passed = 0
     for file_result in files:
         for nodeid, test in file_result["tests"].items():
-            category, reason, _ = classify(test, nodeid)
+            category, reason, _ = classify(test, nodeid, file_result["status"])
             runnable += category in ("passed", "failed", "hung", "not run")
             passed += category == "passed"
             if category in ("failed", "hung", "not run"):

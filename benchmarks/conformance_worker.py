@@ -50,6 +50,9 @@ def _message(report) -> str:
 def main():
     out = os.environ["MMP_CONFORMANCE_OUT"]
     rank = os.environ.get("RANK", "0")
+    # torchrun starts each rank in a session of its own: the runner kills them by these pids
+    with open(os.path.join(out, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
     recorder = Recorder(os.path.join(out, f"rank{rank}.jsonl"))
     # upstream's pytest.ini adds coverage and other options of its CI: none of them here
     args = ["-o", "addopts=", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]

@@ -68,3 +68,10 @@ def test_classification_and_the_generated_page(tmp_path):
     assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 |" in page
     assert f"`{F}::test_b` (failed): [call] AssertionError: weights differ" in page
     assert f"`{F}::test_e` (hung)" in page and "do not edit by hand" in page
+
+
+def test_peers_of_a_stopped_rank_are_not_counted_as_failures():
+    lost = {"outcome": "failed", "message": "[setup] torch.distributed.DistNetworkError: Broken "
+                                            "pipe", "seconds": 0.0}
+    assert conformance.classify(lost, "t", "timeout")[0] == "not run"
+    assert conformance.classify(lost, "t", "finished")[0] == "failed"  # a real failure there
