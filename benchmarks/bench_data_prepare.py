@@ -85,15 +85,19 @@ def machine() -> dict:
     return info
 
 
-def stdlib_documents():
-    """~1.5 KB documents cut at blank lines from the standard library's .py files."""
-    root = os.path.dirname(os.__file__)
+def python_sources(root):
+    """The text of every readable .py file under ``root``, in sorted order."""
     for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
         try:
             with open(path, encoding="utf-8") as f:
-                text = f.read()
+                yield f.read()
         except (OSError, UnicodeDecodeError):
             continue
+
+
+def stdlib_documents():
+    """~1.5 KB documents cut at blank lines from the standard library's .py files."""
+    for text in python_sources(os.path.dirname(os.__file__)):
         buf = ""
         for para in text.split("\n\n"):
             buf += para + "\n\n"
@@ -245,13 +249,7 @@ def heldout_documents():
     quickstart tokenizer was trained on (its corpus leaves the tests out)."""
     import sysconfig
 
-    root = os.path.join(sysconfig.get_paths()["stdlib"], "test")
-    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError):
-            continue
+    for text in python_sources(os.path.join(sysconfig.get_paths()["stdlib"], "test")):
         if text.strip():
             yield text
 

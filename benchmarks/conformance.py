@@ -242,6 +242,25 @@ def classify(test: dict, nodeid: str = "", file_status: str = "finished") -> tup
     return "failed", message, "not yet classified"
 
 
+#: the categories the pass rate counts (the tests that need neither TE nor CUDA), and those
+#: listed as remaining
+RUNNABLE = ("passed", "failed", "hung", "not run")
+REMAINING = ("failed", "hung", "not run")
+
+
+def verdicts(files):
+    """(file result, nodeid, category, reason, belongs to) of every test of ``files``."""
+    for file_result in files:
+        for nodeid, test in file_result["tests"].items():
+            yield (file_result, nodeid, *classify(test, nodeid, file_result["status"]))
+
+
+def pass_rate(counts) -> tuple:
+    """(passed, runnable, percent or None) from a Counter of categories."""
+    runnable = sum(counts[c] for c in RUNNABLE)
+    return counts["passed"], runnable, (100.0 * counts["passed"] / runnable if runnable else None)
+
+
 # ---------------------------------------------------------------------------- the release
 def describe_release(python: str, lm_path: Path) -> dict:
     code = ("import json, sys\nfrom pathlib import Path\n"
@@ -284,20 +303,18 @@ def render(results_dir: Path) -> str:
         counts = collections.Counter()
         by_dir = collections.defaultdict(collections.Counter)
         failures, off_cuda = [], collections.Counter()
-        for file_result in run["files"]:
+        for file_result, nodeid, category, reason, where in verdicts(run["files"]):
             directory = os.path.dirname(file_result["file"].replace("tests/unit_tests/", "",
                                                                     1)) or "."
-            for nodeid, test in file_result["tests"].items():
-                category, reason, where = classify(test, nodeid, file_result["status"])
-                counts[category] += 1
-                by_dir[directory][category] += 1
-                if category == "off CUDA by design":
-                    off_cuda[reason] += 1
-                elif category in ("failed", "hung", "not run"):
-                    failures.append((nodeid, category, reason, where))
-        runnable = sum(counts[c] for c in ("passed", "failed", "hung", "not run"))
-        rate = f"{100 * counts['passed'] / runnable:.1f}%" if runnable else "n/a"
-        lines += [f"**{counts['passed']} of {runnable} runnable tests pass ({rate})**; "
+            counts[category] += 1
+            by_dir[directory][category] += 1
+            if category == "off CUDA by design":
+                off_cuda[reason] += 1
+            elif category in REMAINING:
+                failures.append((nodeid, category, reason, where))
+        passed, runnable, percent = pass_rate(counts)
+        rate = f"{percent:.1f}%" if percent is not None else "n/a"
+        lines += [f"**{passed} of {runnable} runnable tests pass ({rate})**; "
                   f"{counts['off CUDA by design']} off CUDA by design, {counts['skipped']} "
                   f"skipped by upstream's own conditions.", "",
                   "| directory | passed | failed | off CUDA by design | skipped | hung | "
@@ -384,8 +401,7 @@ def main(argv=None) -> int:
         nproc = 1 if os.path.basename(test_file) in SINGLE_PROCESS else args.nproc
         result = run_file(args.python, lm_path, test_file, nproc, args.timeout, {})
         files.append(result)
-        tally = collections.Counter(classify(t, n, result["status"])[0]
-                                    for n, t in result["tests"].items())
+        tally = collections.Counter(category for _, _, category, _, _ in verdicts([result]))
         print(f"[{number}/{len(chosen)}] {test_file}: {result['status']} in "
               f"{result['seconds']:.0f} s: " + ", ".join(f"{n} {c}" for c, n in
                                                         sorted(tally.items())), flush=True)
@@ -393,15 +409,13 @@ def main(argv=None) -> int:
             print(result["output_tail"], flush=True)
     run = {"release": release, "nproc": args.nproc, "timeout": args.timeout,
            "machine": describe(), "date": time.strftime("%Y-%m-%d"), "files": files}
-    runnable = passed = 0
-    for file_result in files:
-        for nodeid, test in file_result["tests"].items():
-            category, reason, _ = classify(test, nodeid, file_result["status"])
-            runnable += category in ("passed", "failed", "hung", "not run")
-            passed += category == "passed"
-            if category in ("failed", "hung", "not run"):
-                print(f"  {category}: {nodeid}: {_one_line(reason)}")
-    rate = 100.0 * passed / runnable if runnable else 100.0
+    counts = collections.Counter()
+    for _, nodeid, category, reason, _ in verdicts(files):
+        counts[category] += 1
+        if category in REMAINING:
+            print(f"  {category}: {nodeid}: {_one_line(reason)}")
+    passed, runnable, percent = pass_rate(counts)
+    rate = 100.0 if percent is None else percent  # nothing runnable fails no bar
     print(f"conformance: {passed} of {runnable} runnable tests pass ({rate:.1f}%)")
     if not args.no_write:
         args.results.mkdir(parents=True, exist_ok=True)
