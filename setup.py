@@ -139,9 +139,10 @@ setup(
         # --tokenizer-type TikTokenizer)
         "data": ["tokenizers>=0.20", "transformers>=5", "sentencepiece", "tqdm", "regex",
                  "tiktoken"],
-        # click and requests: upstream's tests/unit_tests/conftest.py imports them
+        # click and requests: upstream's tests/unit_tests/conftest.py imports them, and
+        # pytest-mock's `mocker` fixture its pipeline-schedule tests take
         # (benchmarks/conformance.py runs those tests through the layer)
-        "test": ["pytest>=7", "import-linter>=2.1", "click", "requests"],
+        "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock"],
         # the MUSA row's torch mapping: Moore Threads' torchada, the release the layer's gap
         # records were measured against (device/adapter.py TESTED_VERSION). torch_musa itself
         # comes with the MUSA SDK, not from PyPI.

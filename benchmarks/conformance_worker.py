@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+FLAKY_MARKERS = ("flaky", "flaky_in_dev")
+
 
 class Recorder:
     def __init__(self, path):
@@ -21,7 +23,12 @@ class Recorder:
         self.file.write(json.dumps(event) + "\n")
 
     def pytest_collection_finish(self, session):
-        self._write(event="collected", nodeids=[item.nodeid for item in session.items])
+        # upstream's CI deselects tests marked flaky (lts) or flaky_in_dev (dev):
+        # tests/unit_tests/run_ci_test.sh
+        flaky = [item.nodeid for item in session.items
+                 if any(item.get_closest_marker(m) for m in FLAKY_MARKERS)]
+        self._write(event="collected", nodeids=[item.nodeid for item in session.items],
+                    flaky=flaky)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -42,9 +49,17 @@ def _message(report) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (file, line, reason)
         return str(longrepr[2])
-    text = str(longrepr or "")
-    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
-    return " | ".join(errors[-6:]) if errors else text[-800:]
+    lines = str(longrepr or "").splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("E ")]
+    if not errors:
+        return "\n".join(lines)[-800:]
+    # the source line that raised: the last one before the last block of E lines that is not
+    # just a caret marker ("'NoneType' object is not callable" says little without it)
+    first = errors[-1]
+    while first - 1 in errors:
+        first -= 1
+    source = [line.strip() for line in lines[:first] if line.strip().strip("^~ ")][-1:]
+    return " | ".join(source + [lines[i][1:].strip() for i in errors[-6:]])
 
 
 def main():

@@ -47,12 +47,15 @@ def prime(settings: Settings, encoder) -> None:
     _STATE["encoder"] = encoder
 
 
-def init_worker(settings: Settings, source) -> None:
+def init_worker(settings: Settings, source, niceness: int = 0) -> None:
     """Pool initializer: Ctrl-C is the main process's to handle; one tokenizer thread per worker
     (the worker processes are the parallelism, as in preprocess_data.py). ``source`` is what a
     spawned worker builds its encoder from: a ``light.LightSpec`` (tokenizer.json alone), or the
-    tokenizer flags for megatron-core's builder."""
+    tokenizer flags for megatron-core's builder. ``niceness`` > 0 lowers the worker's priority
+    (for good: an unprivileged process cannot raise it again)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if niceness > 0:
+        os.nice(niceness)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     if _STATE.get("settings") != settings:  # spawned, not forked: build it here, once

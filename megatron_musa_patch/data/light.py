@@ -318,6 +318,7 @@ def _check_main() -> None:
     import argparse
 
     flags = json.load(sys.stdin)
+    _without_torch_compile()
     try:
         record = check_in_process(argparse.Namespace(**flags))
         answer = {"record": record}
@@ -325,6 +326,20 @@ def _check_main() -> None:
         answer = {"error": str(exc)}
     sys.stdout.write("\n" + json.dumps(answer) + "\n")
     sys.stdout.flush()
+
+
+def _without_torch_compile() -> None:
+    """``import megatron.core`` decorates its fused functions with ``torch.compile``
+    (``megatron.core.jit.jit_fuser``), which imports dynamo and inductor: about 2 s of the
+    check's 7 s on 2 cores, for kernels this process never runs (it builds a tokenizer and
+    writes two small indexes). Here the decorator leaves them as they are, as
+    ``megatron.core.jit.disable_jit_fuser`` would, were it callable before that import."""
+    import torch
+
+    def eager(model=None, **_options):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = eager
 
 
 def same_as_guess(spec: LightSpec, record: dict) -> bool:

@@ -182,15 +182,25 @@ def set_stream(stream_: Stream) -> None:
     _current.stream = stream_ if stream_ is not None else _DEFAULT_STREAM
 
 
-@contextlib.contextmanager
-def stream(stream_: Optional[Stream]):
-    previous = _current.stream
-    if stream_ is not None:
-        _current.stream = stream_
-    try:
-        yield
-    finally:
-        _current.stream = previous
+class StreamContext:
+    """``torch.cuda.stream(s)``: an object, not a generator, so that one context can be entered
+    again after it exits, as torch's own is (Megatron's grad sync enters one twice)."""
+
+    def __init__(self, stream_: Optional[Stream]):
+        self.stream = stream_
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = _current.stream
+        if self.stream is not None:
+            _current.stream = self.stream
+
+    def __exit__(self, *exc_info):
+        _current.stream = self.previous
+
+
+def stream(stream_: Optional[Stream]) -> StreamContext:
+    return StreamContext(stream_)
 
 
 class Event:

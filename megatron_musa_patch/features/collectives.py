@@ -9,6 +9,11 @@ wrapper in ``torch.distributed``'s place: on the musa row torchada has replaced
 ``init_process_group`` / ``new_group`` with wrappers that map only the exact ``"nccl"`` and
 refuse torch's newer keywords, so the layer's record takes the place of torchada's instead of
 stacking on it (``device/torchada_coverage.py``).
+
+On the CPU row gloo differs from NCCL where Megatron relies on it: a send reads its buffer until
+it completes (each ``isend`` owns a copy), and ``all_gather_into_tensor`` /
+``reduce_scatter_tensor`` want the large tensor in dim-0 chunks of the small one's shape (they
+get views of the same storage that are).
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ def mmp_register_patches(session, registry, device):
                        rebind=("torch.distributed",),
                        why="gloo reads a send buffer until the send completes; Megatron "
                            "frees pipeline outputs right after isend (stream-ordered on GPUs)"))
+    for name, impl in (("all_gather_into_tensor", _gather_as_gloo_shapes),
+                       ("reduce_scatter_tensor", _scatter_as_gloo_shapes)):
+        registry.add(Patch(f"collectives.{name}_shapes",
+                           f"torch.distributed.distributed_c10d:{name}", "wrap", impl, FEATURE,
+                           devices=frozenset({"cpu"}), strict=True, rebind=("torch.distributed",),
+                           why="gloo wants the large tensor in dim-0 chunks of the small one's "
+                               "shape; NCCL and MCCL take any shapes of the right sizes "
+                               "(Megatron gathers 2-D shards into flat buffers)"))
 
 
 def _over_torch(name, wrapper):
@@ -103,6 +116,47 @@ def _isend_copy(wrapped, instance, args, kwargs):
     else:
         kwargs["tensor"] = kwargs["tensor"].clone()
     return wrapped(*args, **kwargs)
+
+
+def _gather_as_gloo_shapes(wrapped, instance, args, kwargs):
+    """``all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False)``."""
+    (output, input_), rest, kwargs = _leading(args, kwargs, ("output_tensor", "input_tensor"))
+    group = rest[0] if rest else kwargs.get("group")
+    output, input_ = _gloo_shapes(output, input_, group)
+    return wrapped(output, input_, *rest, **kwargs)
+
+
+def _scatter_as_gloo_shapes(wrapped, instance, args, kwargs):
+    """``reduce_scatter_tensor(output, input, op=SUM, group=None, async_op=False)``."""
+    (output, input_), rest, kwargs = _leading(args, kwargs, ("output", "input"))
+    group = rest[1] if len(rest) > 1 else kwargs.get("group")
+    input_, output = _gloo_shapes(input_, output, group)
+    return wrapped(output, input_, *rest, **kwargs)
+
+
+def _leading(args, kwargs, names):
+    """The named leading arguments, given by position or keyword; the rest as given."""
+    kwargs = dict(kwargs)
+    args = list(args)
+    values = [args.pop(0) if args else kwargs.pop(name) for name in names]
+    return values, tuple(args), kwargs
+
+
+def _gloo_shapes(large, small, group):
+    """Views of the same storage that gloo's check accepts: ``large`` as the group's dim-0
+    chunks of ``small``'s shape (a 0-d ``small`` as one element). Unchanged where gloo already
+    accepts them, where the sizes do not fit, or where only a copy could show ``large`` so:
+    gloo then raises its own error, as it would without the layer."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    if small.dim() == 0:
+        small = small.view(1)
+    shape = (size * small.shape[0], *small.shape[1:])
+    if tuple(large.shape) == shape or large.numel() != small.numel() * size \
+            or not large.is_contiguous():
+        return large, small
+    return large.view(shape), small
 
 
 def _with_backend(device, wrapped, instance, args, kwargs):

@@ -224,3 +224,36 @@ def test_a_spawned_worker_builds_the_light_encoder(hf_tokenizer):
     finally:
         encode._STATE.clear()
         encode._STATE.update(saved)
+
+
+def test_the_check_subprocess_gives_the_same_record_without_torch_compile(hf_tokenizer,
+                                                                          fresh_cache):
+    """The helper process leaves ``torch.compile`` out of megatron-core's import (dynamo and
+    inductor: about 2 s of its time), and its record is the in-process check's."""
+    import subprocess
+    import sys
+
+    from megatron_musa_patch.data import light, tokenizer
+
+    args = hf_args(hf_tokenizer)
+    flags = json.dumps(vars(tokenizer.builder_args(args)))
+    code = ("import sys; from megatron_musa_patch.data.light import _check_main; _check_main(); "
+            "print('dynamo imported:', 'torch._dynamo' in sys.modules)")
+    env = dict(os.environ, MEGATRON_MUSA_PATCH="0", MEGATRON_MUSA_PATCH_AUTOACTIVATE="0")
+    proc = subprocess.run([sys.executable, "-c", code], input=flags, capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *_, answer, dynamo = proc.stdout.strip().splitlines()
+    assert dynamo == "dynamo imported: False"
+    assert json.loads(answer) == {"record": json.loads(json.dumps(light.check_in_process(args)))}
+
+
+def test_a_small_first_use_lets_the_check_have_the_cpu():
+    from megatron_musa_patch.data import prepare
+
+    checking = prepare.Chosen(0, 10, None, None, "light-checking", pending=object())
+    checked = prepare.Chosen(0, 10, None, None, "light-checked")
+    small, large = 17 << 20, 2 * prepare.CHECK_OUTLASTS_WORK * 2
+    assert prepare._worker_niceness(checking, small, 2) == prepare.YIELD_TO_CHECK > 0
+    assert prepare._worker_niceness(checking, large, 2) == 0  # the work is the long part
+    assert prepare._worker_niceness(checked, small, 2) == 0   # nothing to wait for

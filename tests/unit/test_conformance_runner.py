@@ -1,8 +1,11 @@
 """benchmarks/conformance.py's bookkeeping: how the ranks' event streams become one verdict per
 test, how verdicts are classified, and what docs/conformance.md says (no Megatron needed)."""
 
+import collections
 import importlib.util
 import json
+
+import pytest
 
 from ..conftest import REPO
 
@@ -10,6 +13,11 @@ spec = importlib.util.spec_from_file_location("conformance", REPO / "benchmarks"
                                               "conformance.py")
 conformance = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(conformance)
+
+worker_spec = importlib.util.spec_from_file_location(
+    "conformance_worker", REPO / "benchmarks" / "conformance_worker.py")
+worker = importlib.util.module_from_spec(worker_spec)
+worker_spec.loader.exec_module(worker)
 
 F = "tests/unit_tests/x/test_f.py"
 
@@ -65,7 +73,7 @@ def test_classification_and_the_generated_page(tmp_path):
     (tmp_path / "core_v0.16.1.json").write_text(json.dumps(run))
     page = conformance.render(tmp_path)
     assert "**1 of 4 runnable tests pass (25.0%)**; 1 off CUDA by design, 1 skipped" in page
-    assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 |" in page
+    assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 | 0 |" in page
     assert f"`{F}::test_b` (failed): [call] AssertionError: weights differ" in page
     assert f"`{F}::test_e` (hung)" in page and "do not edit by hand" in page
 
@@ -75,3 +83,54 @@ def test_peers_of_a_stopped_rank_are_not_counted_as_failures():
                                             "pipe", "seconds": 0.0}
     assert conformance.classify(lost, "t", "timeout")[0] == "not run"
     assert conformance.classify(lost, "t", "finished")[0] == "failed"  # a real failure there
+
+
+def test_the_whole_tree_is_every_test_file_in_path_order(tmp_path):
+    root = tmp_path / "tests" / "unit_tests"
+    for name in ("b/test_z.py", "a/test_y.py", "test_x.py", "a/helper.py", "a/conftest.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    assert conformance.every_test_file(tmp_path) == ["a/test_y.py", "b/test_z.py", "test_x.py"]
+
+
+def test_tests_upstream_marks_flaky_are_counted_apart_whatever_they_did():
+    ids = [f"{F}::test_a", f"{F}::test_b", f"{F}::test_c"]
+    events = [{"event": "collected", "nodeids": ids, "flaky": ids[1:]}]
+    events += passed(ids[0]) + passed(ids[1])
+    events += [{"event": "start", "nodeid": ids[2]}, report(ids[2], "setup", "passed"),
+               report(ids[2], "call", "failed", "AssertionError: sizes must be the same"),
+               report(ids[2], "teardown", "passed")]
+    tests = conformance.merge({0: events}, "finished")
+    verdicts = {n.split("::")[1]: conformance.classify(t, n) for n, t in tests.items()}
+    assert [v[0] for v in verdicts.values()] == ["passed", "flaky upstream", "flaky upstream"]
+    assert verdicts["test_c"][1].startswith("failed here: [call] AssertionError: sizes")
+    counts = collections.Counter(v[0] for v in verdicts.values())
+    assert conformance.pass_rate(counts) == (1, 1, 100.0)
+
+
+def test_an_update_replaces_only_the_files_it_ran():
+    def result(name, outcome):
+        return {"file": name, "tests": {f"{name}::t": {"outcome": outcome}}}
+    release = {"megatron_core": "0.16.1", "tag": "core_v0.16.1"}
+    stored = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-11-30",
+              "files": [result("a", "failed"), result("b", "passed")]}
+    run = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-12-01",
+           "files": [result("a", "passed"), result("c", "passed")]}
+    merged = conformance.updated(stored, run)
+    assert [f["file"] for f in merged["files"]] == ["a", "b", "c"]
+    assert merged["files"][0]["tests"]["a::t"]["outcome"] == "passed"
+    assert merged["date"] == "2026-12-01"
+    with pytest.raises(SystemExit, match="timeout"):
+        conformance.updated(stored, {**run, "timeout": 150.0})
+
+
+def test_a_failure_message_keeps_the_source_line_that_raised():
+    class Report:
+        longrepr = ("tests/x.py:64: in setup_method\n    build()\n"
+                    "specs.py:233: in get_submodules\n    backend = TESpecProvider()\n"
+                    "              ^^^^^^^^^^^^^^^^\n"
+                    "E   TypeError: 'NoneType' object is not callable")
+    message = worker._message(Report())
+    assert message == "backend = TESpecProvider() | TypeError: 'NoneType' object is not callable"
+    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
+    assert verdict[:2] == ("off CUDA by design", "needs TransformerEngine")

@@ -78,6 +78,11 @@ def test_streams_and_events(cpu_layer):
     with torch.cuda.stream(side):
         assert torch.cuda.current_stream() is side
     assert torch.cuda.current_stream() is default
+    context = torch.cuda.stream(side)  # entered twice, as Megatron's grad sync does
+    for _ in range(2):
+        with context:
+            assert torch.cuda.current_stream() is side
+        assert torch.cuda.current_stream() is default
     side.wait_stream(default)
     event = side.record_event()
     assert event.query()
@@ -147,6 +152,113 @@ def test_collectives_map_nccl_to_gloo(cpu_layer, tmp_path):
         assert t.tolist() == [1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_gather_and_scatter_take_any_shapes_of_the_right_sizes(cpu_layer, tmp_path):
+    """Megatron gathers 2-D shards into flat buffers (``gather_split_1d_tensor``, the grad
+    buffers): NCCL takes that, gloo wants the large tensor in dim-0 chunks of the shard's
+    shape and raises without the layer (checked below on torch's own function)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        shard = torch.arange(8.0).view(2, 4)
+        flat = torch.full((8,), -1.0)
+        with pytest.raises(RuntimeError, match="invalid tensor size"):
+            distributed_c10d.all_gather_into_tensor.__wrapped__(flat, shard)
+        dist.all_gather_into_tensor(flat, shard)
+        assert flat.tolist() == list(range(8))  # written into the caller's buffer
+        out = torch.zeros(2, 4)
+        dist.reduce_scatter_tensor(out, torch.arange(8.0))
+        assert out.flatten().tolist() == list(range(8))
+        scalar = torch.tensor(3.0)
+        gathered = torch.zeros(1)
+        dist.all_gather_into_tensor(gathered, scalar)
+        assert gathered.tolist() == [3.0]
+        with pytest.raises(RuntimeError):  # wrong sizes: gloo's own error, as without the layer
+            dist.all_gather_into_tensor(torch.zeros(7), shard)
+    finally:
+        dist.destroy_process_group()
+
+
+GROUPS_SCRIPT = """
+import tempfile
+import megatron_musa_patch, torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from megatron.core import parallel_state as ps
+
+dist.init_process_group("nccl", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+counts = []
+for _ in range(3):
+    ps.initialize_model_parallel(1, 1)
+    made = len(distributed_c10d._world.pg_map)
+    dist.all_reduce(torch.ones(1), group=ps.get_tensor_model_parallel_group())
+    ps.destroy_model_parallel()
+    counts.append((made, len(distributed_c10d._world.pg_map)))
+print(counts)
+"""
+
+
+@pytest.mark.parametrize("disable", ["", "release_dropped_groups"])
+def test_destroy_model_parallel_releases_its_groups(disable):
+    proc = run_python(GROUPS_SCRIPT, env=subprocess_env(
+        MEGATRON_MUSA_PATCH_DEVICE="cpu", MEGATRON_MUSA_PATCH_DISABLE=disable or None))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = eval(proc.stdout.strip().splitlines()[-1])
+    made = counts[0][0]
+    assert made > 10  # WORLD and the groups of one initialisation
+    if disable:  # upstream: each initialisation's groups (all but its gloo ones) stay behind
+        assert counts[1][1] > counts[0][1] > 1 and counts[2][0] > made
+    else:
+        assert counts == [(made, 1)] * 3
+
+
+LAZY_GROUP_SCRIPT = """
+import datetime, sys
+import megatron_musa_patch, torch
+import torch.distributed as dist
+
+rank, store_path = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("nccl", init_method="file://" + store_path, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+store = dist.distributed_c10d._get_default_store()
+if rank == 0:
+    group = dist.new_group([0, 1])  # eager gloo: waits here until rank 1 makes it too
+    store.set("rank0-made-it", "1")
+    how = "made"
+else:  # makes the group only once rank 0 has (or after 8 s, so that eager ends too)
+    try:
+        store.wait(["rank0-made-it"], datetime.timedelta(seconds=8))
+        how = "lazy"
+    except Exception:
+        how = "eager"
+    group = dist.new_group([0, 1])
+x = torch.ones(1) * (rank + 1)
+dist.all_reduce(x, group=group)
+print(how, x.item())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("disable", ["", "lazy_gloo_groups"])
+def test_groups_connect_on_first_use_as_with_nccl(disable, tmp_path):
+    import subprocess
+    import sys
+
+    env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
+                         MEGATRON_MUSA_PATCH_DISABLE=disable or None)
+    ranks = [subprocess.Popen([sys.executable, "-c", LAZY_GROUP_SCRIPT, str(rank),
+                               str(tmp_path / "store")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outputs]
+    answers = [out.strip().splitlines()[-1] for out, _ in outputs]
+    # rank 1 sees whether rank 0's new_group returned before rank 1 made the group
+    assert answers[1] == ("eager 3.0" if disable else "lazy 3.0"), answers
+    assert answers[0] == "made 3.0"
 
 
 def test_deactivate_restores_torch():

@@ -1,0 +1,49 @@
+"""On the CPU row a new process group connects to its peers on first use, as NCCL's do.
+
+Megatron creates tens of groups per initialisation and uses few of them, which costs nothing on
+NCCL (and MCCL): a communicator is made on a group's first collective. A gloo group connects to
+every peer when it is created, so each ``new_group`` waits for all its members, and code that
+relies on NCCL's laziness hangs: upstream's ``pipeline_parallel/test_schedules.py`` creates the
+embedding groups with rank-dependent members (each rank passes its own pipeline group), which is
+harmless with NCCL, while two eager gloo groups of one name wait for each other for ever.
+
+torch's gloo backend connects lazily under ``TORCH_GLOO_LAZY_INIT=1`` (read when a group is
+made); the feature sets it around the creation of every group after the world group (which
+stays eager: a rank that cannot reach its peers fails at start-up). A value the user set
+either way is kept.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..hookspecs import hookimpl
+from ..registry import Patch
+
+FEATURE = "lazy_gloo_groups"
+REQUIRED = False
+DESCRIPTION = ("CPU row: gloo process groups connect on first use, as NCCL's communicators "
+               "do (TORCH_GLOO_LAZY_INIT around group creation)")
+
+LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
+
+
+@hookimpl
+def mmp_register_patches(registry):
+    # every sub-group goes through it: new_group, new_subgroups(_by_enumeration), and
+    # megatron-core's HyperCommGrid through those; init_process_group does not
+    registry.add(Patch(f"{FEATURE}.new_group", "torch.distributed.distributed_c10d:"
+                       "_new_group_with_tag", "wrap", _lazily, FEATURE,
+                       devices=frozenset({"cpu"}),
+                       why="Megatron makes tens of groups and uses few; NCCL connects a group "
+                           "on its first collective, gloo now too"))
+
+
+def _lazily(wrapped, instance, args, kwargs):
+    if LAZY_INIT in os.environ:
+        return wrapped(*args, **kwargs)
+    os.environ[LAZY_INIT] = "1"
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        os.environ.pop(LAZY_INIT, None)
