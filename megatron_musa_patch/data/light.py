@@ -330,8 +330,8 @@ def _check_main() -> None:
 
 def _without_torch_compile() -> None:
     """``import megatron.core`` decorates its fused functions with ``torch.compile``
-    (``megatron.core.jit.jit_fuser``), which imports dynamo and inductor: about 2 s of the
-    check's 7 s on 2 cores, for kernels this process never runs (it builds a tokenizer and
+    (``megatron.core.jit.jit_fuser``), which imports dynamo and inductor: 2.2 s of the check's
+    6.2 s measured on 2 cores, for kernels this process never runs (it builds a tokenizer and
     writes two small indexes). Here the decorator leaves them as they are, as
     ``megatron.core.jit.disable_jit_fuser`` would, were it callable before that import."""
     import torch
