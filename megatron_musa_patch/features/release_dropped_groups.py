@@ -3,12 +3,13 @@
 Upstream's ``destroy_model_parallel`` forgets its groups (the module globals go back to None)
 but destroys only the gloo ones it made on purpose; every other group stays registered with
 torch.distributed for the rest of the process. With NCCL that costs little: a communicator is
-made on a group's first collective. On the CPU row every group is a gloo group, connected to all
-its peers when it is made and served by threads of its own, so a process that initialises and
-destroys model parallelism repeatedly (upstream's unit tests do it before every test; so do
-sweeps and tools that re-shard) piles up sockets and threads, and each later initialisation is
-slower than the last: measured on 8 ranks and 2 cores, the 10 tests of
-``moe/test_aux_loss.py::TestAuxLoss`` took 165 s, their last one 70 s.
+made on a group's first collective. On the CPU row every group is a gloo group, served by
+threads of its own and connected to its peers (when made, or on first use under
+``lazy_gloo_groups``), so a process that initialises and destroys model parallelism repeatedly
+(upstream's unit tests do it before every test; so do sweeps and tools that re-shard) piles up
+sockets and threads, and each later initialisation is slower than the last: measured on 8 ranks
+and 2 cores, the 10 tests of ``moe/test_aux_loss.py::TestAuxLoss`` took 165 s, the last of them
+80 s.
 
 The fix remembers the groups each ``initialize_model_parallel`` registered and destroys those
 still registered once ``destroy_model_parallel`` has run. A group a caller kept from before the
