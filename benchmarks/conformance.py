@@ -66,6 +66,7 @@ CI_SET = (
     "tensor_parallel/test_initialization.py",
 )
 
+
 def every_test_file(lm_path: Path):
     """Every test file of the checkout's tests/unit_tests, relative to it, in path order."""
     root = lm_path / "tests" / "unit_tests"

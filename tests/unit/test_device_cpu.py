@@ -4,6 +4,7 @@ The layer is activated in this process for the module's tests and undone afterwa
 also checks that ``deactivate`` restores torch.
 """
 
+import ast
 import time
 
 import pytest
@@ -207,7 +208,7 @@ def test_destroy_model_parallel_releases_its_groups(disable):
     proc = run_python(GROUPS_SCRIPT, env=subprocess_env(
         MEGATRON_MUSA_PATCH_DEVICE="cpu", MEGATRON_MUSA_PATCH_DISABLE=disable or None))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = eval(proc.stdout.strip().splitlines()[-1])
+    counts = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
     made = counts[0][0]
     assert made > 10  # WORLD and the groups of one initialisation
     if disable:  # upstream: each initialisation's groups (all but its gloo ones) stay behind
