@@ -143,6 +143,10 @@ setup(
         # pytest-mock's `mocker` fixture its pipeline-schedule tests take
         # (benchmarks/conformance.py runs those tests through the layer)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock"],
+        # the rest of upstream's own test dependencies that its tests/unit_tests import
+        # (pyproject.toml's `test` group): for benchmarks/conformance.py --set all
+        "conformance": ["nltk", "pytest-asyncio", "mock", "msgpack", "absl-py", "pyzmq",
+                        "tensorboard", "nvtx", "emerging-optimizers; python_version >= '3.12'"],
         # the MUSA row's torch mapping: Moore Threads' torchada, the release the layer's gap
         # records were measured against (device/adapter.py TESTED_VERSION). torch_musa itself
         # comes with the MUSA SDK, not from PyPI.

@@ -34,6 +34,8 @@ class Recorder:
         if report.failed:
             self._write(event="collect_error", nodeid=report.nodeid,
                         message=_message(report))
+        elif report.skipped:  # a module-level pytest.skip: the file has no tests to report
+            self._write(event="collect_skip", nodeid=report.nodeid, message=_message(report))
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._write(event="start", nodeid=nodeid)
@@ -59,7 +61,11 @@ def _message(report) -> str:
     while first - 1 in errors:
         first -= 1
     source = [line.strip() for line in lines[:first] if line.strip().strip("^~ ")][-1:]
-    return " | ".join(source + [lines[i][1:].strip() for i in errors[-6:]])
+    # and the line that called it, when it raised in a helper (typed_torch.not_none's "Expected
+    # value to be not None" says nothing; its caller names the TE class that is missing)
+    marked = [line.strip() for line in lines[:first] if line.startswith(">")]
+    caller = [line for line in marked[-2:-1] if line not in source]
+    return " | ".join(caller + source + [lines[i][1:].strip() for i in errors[-6:]])
 
 
 def main():
@@ -69,8 +75,12 @@ def main():
     with open(os.path.join(out, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
     recorder = Recorder(os.path.join(out, f"rank{rank}.jsonl"))
-    # upstream's pytest.ini adds coverage and other options of its CI: none of them here
-    args = ["-o", "addopts=", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]
+    # upstream's pytest.ini adds coverage and other options of its CI: none of them here.
+    # A temporary root per rank inside the run's folder: upstream's tmp_path_dist_ckpt is the
+    # root's parent's "tmp_dist_ckpt", so the ranks share it, and a file starts without what an
+    # earlier file stopped at its timeout left in /tmp/pytest-of-<user>
+    args = ["-o", "addopts=", "-q", "-p", "no:cacheprovider",
+            f"--basetemp={os.path.join(out, f'pytest-rank{rank}')}", *sys.argv[1:]]
     sys.exit(pytest.main(args, plugins=[recorder]))
 
 

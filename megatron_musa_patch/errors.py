@@ -56,3 +56,22 @@ class UnsupportedOnDeviceError(MegatronMusaPatchError, NotImplementedError):
 
 class TorchMappingError(DeviceSelectionError):
     """torchada and the layer disagree about who maps torch (or torchada is needed and missing)."""
+
+
+def unsupported_stand_in(name: str, message: str, *, as_class: bool = False):
+    """What stands in for an accelerator API the device lacks: calling it raises
+    :class:`UnsupportedOnDeviceError` with ``message``. Where torch's object is a class
+    (``torch.cuda.CUDAGraph``, ``MemPool``, ``graph``) the stand-in is a class too, so the code
+    that only names it -- ``torch.cuda.CUDAGraph | None`` in an annotation (transformers),
+    ``isinstance`` checks -- works, and only making one raises."""
+    def refuse(*args, **kwargs):
+        raise UnsupportedOnDeviceError(message)
+
+    if not as_class:
+        refuse.__name__ = name
+        return refuse
+
+    def __new__(cls, *args, **kwargs):
+        refuse()
+
+    return type(name, (), {"__new__": __new__, "__doc__": message})

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import UnsupportedOnDeviceError
+from ..errors import unsupported_stand_in
 
 _state = SimpleNamespace(index=int(os.environ.get("LOCAL_RANK", "0") or 0), initial_seed=None)
 
@@ -456,18 +456,15 @@ BoolTensor = torch.BoolTensor
 # ---------------------------------------------------------------------------- not on a CPU
 
 
-def _unsupported(what: str, fix: str):
-    def raiser(*args, **kwargs):
-        raise UnsupportedOnDeviceError(f"{what} does not exist on the cpu device. {fix}")
-
-    raiser.__name__ = what.replace(".", "_")
-    return raiser
+def _unsupported(name: str, what: str, fix: str, as_class: bool = False):
+    return unsupported_stand_in(name, f"torch.cuda.{name} ({what}) does not exist on the cpu "
+                                      f"device. {fix}", as_class=as_class)
 
 
 _NO_GRAPHS = "Remove --cuda-graph-impl / --enable-cuda-graph / --external-cuda-graph."
-CUDAGraph = _unsupported("torch.cuda.CUDAGraph (CUDA graphs)", _NO_GRAPHS)
-graph = _unsupported("torch.cuda.graph (CUDA graphs)", _NO_GRAPHS)
-graph_pool_handle = _unsupported("torch.cuda.graph_pool_handle (CUDA graphs)", _NO_GRAPHS)
+CUDAGraph = _unsupported("CUDAGraph", "CUDA graphs", _NO_GRAPHS, as_class=True)
+graph = _unsupported("graph", "CUDA graphs", _NO_GRAPHS, as_class=True)
+graph_pool_handle = _unsupported("graph_pool_handle", "CUDA graphs", _NO_GRAPHS)
 _NO_POOLS = "Remove the flags that ask for NCCL/user memory pools (e.g. --nccl-ub)."
-MemPool = _unsupported("torch.cuda.MemPool (memory pools)", _NO_POOLS)
-use_mem_pool = _unsupported("torch.cuda.use_mem_pool (memory pools)", _NO_POOLS)
+MemPool = _unsupported("MemPool", "memory pools", _NO_POOLS, as_class=True)
+use_mem_pool = _unsupported("use_mem_pool", "memory pools", _NO_POOLS)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
-from ..errors import UnsupportedOnDeviceError
+from ..errors import unsupported_stand_in
 from .base import DeviceMapping, _original_device, cuda_tensor_type_name
 
 #: torch functions that take ``device=`` (and sometimes ``pin_memory=``)
@@ -94,15 +94,17 @@ def nvtx_api(row: DeviceMapping) -> Dict[str, Any]:
     return {name: getattr(nvtx, name, None) or getattr(cpu_api.nvtx, name) for name in NVTX_API}
 
 
-def _unsupported(row: DeviceMapping, what: str):
-    def raiser(*args, **kwargs):
-        raise UnsupportedOnDeviceError(
-            f"{what} has no counterpart on the {row.name} device (torch.{row.torch_type} lacks "
-            f"it); remove the Megatron flag that needs it."
-        )
+#: torch.cuda names that are classes in torch: their stand-ins stay classes (annotations)
+CUDA_CLASSES = frozenset({"CUDAGraph", "graph", "MemPool", "Stream", "Event", "ExternalStream",
+                          "StreamContext", "device", "device_of"})
 
-    raiser.__name__ = what.rpartition(".")[2]
-    return raiser
+
+def _unsupported(row: DeviceMapping, what: str):
+    name = what.rpartition(".")[2]
+    return unsupported_stand_in(
+        name, f"{what} has no counterpart on the {row.name} device (torch.{row.torch_type} "
+              f"lacks it); remove the Megatron flag that needs it.",
+        as_class=name in CUDA_CLASSES)
 
 
 # ----------------------------------------------------------------------------- factories

@@ -23,6 +23,7 @@ import functools
 
 import wrapt
 
+from ..binding import call_arguments
 from ..hookspecs import hookimpl
 from ..registry import Patch
 
@@ -44,6 +45,11 @@ def mmp_register_patches(session, registry, device):
         Patch("collectives.new_group", "torch.distributed:new_group", "replace",
               _over_torch("new_group", functools.partial(_with_backend, device)), FEATURE,
               devices=devices, strict=True, why=why),
+        # torch's own helpers call distributed_c10d.new_group directly, past the record above
+        *(Patch(f"collectives.{name}", f"torch.distributed:{name}", "replace",
+                _over_torch(name, functools.partial(_with_backend_argument, device)), FEATURE,
+                devices=devices, strict=True, why=f"{why} (HyperCommGrid's groups)")
+          for name in ("new_subgroups_by_enumeration", "new_subgroups")),
         Patch("collectives.get_backend", "torch.distributed:get_backend", "replace",
               _over_torch("get_backend", functools.partial(_get_backend, device)), FEATURE,
               devices=frozenset({"musa"}), strict=True,
@@ -165,6 +171,13 @@ def _with_backend(device, wrapped, instance, args, kwargs):
     elif len(args) >= 3:  # new_group(ranks, timeout, backend, ...)
         args = args[:2] + (device.backend_for(args[2]),) + args[3:]
     return wrapped(*args, **kwargs)
+
+
+def _with_backend_argument(device, wrapped, instance, args, kwargs):
+    call = call_arguments(wrapped, args, kwargs, defaults=False)
+    if call.get("backend") is not None:
+        call["backend"] = device.backend_for(call["backend"])
+    return wrapped(**call)
 
 
 def _get_backend(device, wrapped, instance, args, kwargs):

@@ -7,7 +7,8 @@
   costs time.
 * ``initialize.py`` imports ``batch_invariant_kernels``, which imports triton at module level
   (0.16): without triton a stand-in module is served whose ``enable_batch_invariant_mode``
-  explains that ``--batch-invariant-mode`` needs triton.
+  (and ``set_batch_invariant_mode(True)``, which upstream's tests use) explains that
+  ``--batch-invariant-mode`` needs triton.
 * From 0.18 ``import megatron.core`` imports the MoE paged stash's triton kernels: without triton
   that module is executed with triton stand-ins (``triton_free``), so its kernels explain, if
   ``--moe-paged-stash`` ever launches them, that they need triton.
@@ -17,6 +18,8 @@ need no patch of their own: the device swap makes ``torch.cuda`` answer for the 
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from .. import compat
 from ..conditions import importable, missing
@@ -90,5 +93,16 @@ def _batch_invariant_stand_in(module):
     def is_batch_invariant_mode_enabled():
         return False
 
+    def disable_batch_invariant_mode():  # never enabled here: nothing to restore
+        return None
+
+    @contextlib.contextmanager
+    def set_batch_invariant_mode(enabled: bool = True):
+        if enabled:
+            enable_batch_invariant_mode()
+        yield
+
     module.enable_batch_invariant_mode = enable_batch_invariant_mode
     module.is_batch_invariant_mode_enabled = is_batch_invariant_mode_enabled
+    module.disable_batch_invariant_mode = disable_batch_invariant_mode
+    module.set_batch_invariant_mode = set_batch_invariant_mode

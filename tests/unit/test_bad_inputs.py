@@ -180,6 +180,13 @@ def test_batch_invariant_mode_without_triton():
     with pytest.raises(UnsupportedOnDeviceError,
                        match="--batch-invariant-mode needs Megatron's triton kernels"):
         stand_in.enable_batch_invariant_mode()
+    # upstream's own tests toggle it with the context manager (test_*_batch_invariant.py)
+    with pytest.raises(UnsupportedOnDeviceError, match="triton is not installed"):
+        with stand_in.set_batch_invariant_mode(True):
+            pass
+    with stand_in.set_batch_invariant_mode(False):
+        assert stand_in.is_batch_invariant_mode_enabled() is False
+    assert stand_in.disable_batch_invariant_mode() is None
 
 
 # ----------------------------------------------------------------------------- training data
@@ -361,6 +368,24 @@ def test_finished_job_rerun_does_not_rewrite_the_loaded_checkpoint(tmp_path):
     assert not loaded_latest_unchanged(5, d, d, 5, 0)  # --finetune: started from 0
     assert not loaded_latest_unchanged(5, d, str(tmp_path / "elsewhere"), 5, 5)
     assert not loaded_latest_unchanged(5, d, d, None, 5)  # nothing was loaded
+
+
+def test_save_with_args_that_lack_load_goes_to_upstream(monkeypatch):
+    """Upstream's own tests patch checkpointing.get_args with a SimpleNamespace holding only
+    what save_checkpoint reads; the wrapper reads the same args (not the unset global ones:
+    "args is not initialized") and asks for nothing more (it raised AttributeError: 'load')."""
+    from megatron_musa_patch.features.checkpoint_safety import common, no_rewrite_of_loaded
+
+    checkpointing = types.ModuleType(common.CHECKPOINTING)
+    checkpointing.get_args = lambda: types.SimpleNamespace(save="/ckpt")
+    monkeypatch.setitem(sys.modules, common.CHECKPOINTING, checkpointing)
+    session = types.SimpleNamespace(is_rank_zero=lambda: True)
+
+    def save_checkpoint(iteration, model, optimizer, opt_param_scheduler, flops, **kwargs):
+        return ("saved", iteration)
+
+    assert no_rewrite_of_loaded._skip_rewrite_of_loaded_latest(
+        session, save_checkpoint, None, (2, None, None, None, 0), {}) == ("saved", 2)
 
 
 # ----------------------------------------------------------------------------- a dead rank

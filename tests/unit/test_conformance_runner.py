@@ -4,6 +4,10 @@ test, how verdicts are classified, and what docs/conformance.md says (no Megatro
 import collections
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -120,8 +124,14 @@ def test_an_update_replaces_only_the_files_it_ran():
     assert [f["file"] for f in merged["files"]] == ["a", "b", "c"]
     assert merged["files"][0]["tests"]["a::t"]["outcome"] == "passed"
     assert merged["date"] == "2026-12-01"
-    with pytest.raises(SystemExit, match="timeout"):
-        conformance.updated(stored, {**run, "timeout": 150.0})
+    # each file keeps the limit it ran with; the stored ones keep the run's
+    shorter = conformance.updated(json.loads(json.dumps(stored)),
+                                  {**run, "timeout": 300.0,
+                                   "files": [{**result("c", "passed"), "timeout": 300.0}]})
+    assert [(f["file"], f["timeout"]) for f in shorter["files"]] == [
+        ("a", 900.0), ("b", 900.0), ("c", 300.0)]
+    with pytest.raises(SystemExit, match="release"):
+        conformance.updated(stored, {**run, "release": {**release, "tag": "core_v0.19.0"}})
 
 
 def test_a_failure_message_keeps_the_source_line_that_raised():
@@ -134,3 +144,106 @@ def test_a_failure_message_keeps_the_source_line_that_raised():
     assert message == "backend = TESpecProvider() | TypeError: 'NoneType' object is not callable"
     verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
     assert verdict[:2] == ("off CUDA by design", "needs TransformerEngine")
+
+
+def test_tests_that_need_upstreams_ci_environment_are_counted_apart_from_the_runnable_ones():
+    message = ("[call] OSError: Repo id must be in the form 'repo_name' or "
+               "'namespace/repo_name': '/opt/data/tokenizers/huggingface'")
+    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
+    assert verdict[0] == conformance.CI_DATA and "/opt/data" in verdict[1]
+    counts = collections.Counter([verdict[0], "passed"])
+    assert conformance.pass_rate(counts) == (1, 1, 100.0)
+    # the same message from a test that did not read upstream's data stays a failure
+    plain = conformance.classify({"outcome": "failed", "message": "[call] OSError: repo id"}, "t")
+    assert plain[0] == "failed"
+
+
+def test_a_deselected_test_is_listed_as_off_cuda_with_its_reason():
+    nodeid, why = next(iter(conformance.NOT_RUN_OFF_CUDA.items()))
+    verdict = conformance.classify({"outcome": "deselected", "message": why}, nodeid)
+    assert verdict[:2] == ("off CUDA by design", why)
+    spelled = conformance.classify(
+        {"outcome": "failed", "message": "[collect] ImportError: Transformer Engine is not "
+                                         "installed. Please use local Bert layer spec instead."},
+        "t")
+    assert spelled[:2] == ("off CUDA by design", "needs TransformerEngine")
+
+
+def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
+    test_file = tmp_path / "test_skipped_module.py"
+    test_file.write_text("import pytest\npytest.skip('needs nvidia-modelopt', "
+                         "allow_module_level=True)\n\ndef test_never():\n    pass\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "conformance_worker.py"),
+                    test_file.name], cwd=tmp_path, env=env, capture_output=True, check=False)
+    events = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    tests = conformance.merge({0: events}, "finished")
+    assert tests == {"test_skipped_module.py": {
+        "outcome": "skipped", "message": "Skipped: needs nvidia-modelopt", "seconds": 0.0}}
+
+
+def test_a_test_some_ranks_failed_while_the_others_never_finished_is_where_the_file_hung():
+    ids = [f"{F}::test_broadcast", f"{F}::test_send_recv"]
+    collected = {"event": "collected", "nodeids": ids, "flaky": []}
+    failing = [{"event": "start", "nodeid": ids[0]}, report(ids[0], "setup", "passed"),
+               report(ids[0], "call", "failed", "AssertionError: assert tensor.is_cuda"),
+               report(ids[0], "teardown", "passed"), {"event": "start", "nodeid": ids[1]},
+               report(ids[1], "setup", "passed")]
+    waiting = [{"event": "start", "nodeid": ids[0]}, report(ids[0], "setup", "passed")]
+    tests = conformance.merge({0: [collected] + waiting, 1: [collected] + failing}, "timeout")
+    assert tests[ids[0]]["outcome"] == "hung"
+    assert tests[ids[0]]["message"].startswith("ranks [1] failed it ([call] AssertionError")
+    assert "ranks [0] never finished it (timeout)" in tests[ids[0]]["message"]
+    assert tests[ids[1]]["outcome"] == "not run"
+    # a file that finished reports the failure as it is
+    finished = conformance.merge({1: [collected] + failing}, "finished")
+    assert finished[ids[0]]["outcome"] == "failed"
+
+
+def test_a_failure_in_a_helper_keeps_the_line_that_called_it():
+    class Report:
+        longrepr = ("tests/unit_tests/models/test_x.py:70: in setup_method\n"
+                    ">       spec = get_spec(config, use_te=True)\n"
+                    "megatron/core/models/gpt/specs.py:120: in get_spec\n"
+                    ">       linear_fc1=not_none(TELayerNormColumnParallelLinear),\n"
+                    "megatron/core/typed_torch.py:49: in not_none\n"
+                    ">           raise ValueError('Expected value to be not None')\n"
+                    "E           ValueError: Expected value to be not None")
+    message = worker._message(Report())
+    assert message == (">       linear_fc1=not_none(TELayerNormColumnParallelLinear), | "
+                       ">           raise ValueError('Expected value to be not None') | "
+                       "ValueError: Expected value to be not None")
+    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
+    assert verdict[:2] == ("off CUDA by design", "needs TransformerEngine")
+
+
+def _alive(pid):
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_stopped_file_leaves_no_process_of_its_ranks_behind(tmp_path):
+    """A rank leads a session of its own; what its test started (preprocess_data's worker
+    pool) must end with it, not keep the next file's cores busy."""
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "pool = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+         "print(pool.pid, flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pool_pid = int(rank.stdout.readline())
+    (tmp_path / "rank0.pid").write_text(str(rank.pid))
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                start_new_session=True)
+    conformance._kill(launcher, tmp_path)
+    rank.wait(timeout=30)
+    for _ in range(100):
+        if not _alive(pool_pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pool_pid) and rank.returncode == -9 and launcher.returncode == -9

@@ -138,6 +138,16 @@ def test_unsupported_features_say_what_to_remove(cpu_layer):
         torch.cuda.CUDAGraph()
     with pytest.raises(UnsupportedOnDeviceError, match="memory pools"):
         torch.cuda.MemPool()
+    with pytest.raises(UnsupportedOnDeviceError, match="CUDA graphs"):
+        with torch.cuda.graph(None):
+            pass
+
+
+def test_unsupported_classes_can_be_named_in_annotations(cpu_layer):
+    # transformers' continuous batching annotates `-> torch.cuda.CUDAGraph | None` at import
+    annotation = torch.cuda.CUDAGraph | None
+    assert torch.cuda.CUDAGraph in annotation.__args__
+    assert not isinstance(object(), (torch.cuda.CUDAGraph, torch.cuda.MemPool, torch.cuda.graph))
 
 
 def test_collectives_map_nccl_to_gloo(cpu_layer, tmp_path):
@@ -148,6 +158,28 @@ def test_collectives_map_nccl_to_gloo(cpu_layer, tmp_path):
     try:
         assert dist.get_backend() == "gloo"
         group = dist.new_group([0], backend="nccl")
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t, group=group)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_subgroup_helpers_map_nccl_too(cpu_layer, tmp_path):
+    """HyperCommGrid makes its groups with new_subgroups_by_enumeration(backend="nccl"), which
+    calls distributed_c10d.new_group itself, past the torch.distributed.new_group record."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises((RuntimeError, ValueError), match="NCCL"):  # upstream, without it
+            distributed_c10d.new_subgroups_by_enumeration([[0]], backend="nccl")
+        group, _ = dist.new_subgroups_by_enumeration([[0]], backend="nccl")
+        assert dist.get_backend(group) == "gloo"
+        group, _ = dist.new_subgroups(1, None, None, "nccl")  # backend given by position
+        assert dist.get_backend(group) == "gloo"
         t = torch.ones(2, device="cuda")
         dist.all_reduce(t, group=group)
         assert t.tolist() == [1.0, 1.0]

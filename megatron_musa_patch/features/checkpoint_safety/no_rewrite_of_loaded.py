@@ -56,15 +56,19 @@ def _skip_rewrite_of_loaded_latest(session, wrapped, instance, args, kwargs):
     if call.get("non_persistent_ckpt") or call.get("release") or msc_enabled():
         return wrapped(*args, **kwargs)
     module = sys.modules.get(CHECKPOINTING)
-    from megatron.training.global_vars import get_args
-
+    # the args save_checkpoint itself reads: its module's get_args (what upstream's tests patch
+    # with a SimpleNamespace holding only what it needs there, no `load`)
+    get_args = getattr(module, "get_args", None)
+    if get_args is None:
+        from megatron.training.global_vars import get_args
     megatron_args = get_args()
     loaded = getattr(module, "get_loaded_iteration", lambda: None)()
-    if loaded_latest_unchanged(call.get("iteration"), megatron_args.save, megatron_args.load,
-                               loaded, getattr(megatron_args, "iteration", None)):
+    save_dir, load_dir = getattr(megatron_args, "save", None), getattr(megatron_args, "load", None)
+    if loaded_latest_unchanged(call.get("iteration"), save_dir, load_dir, loaded,
+                               getattr(megatron_args, "iteration", None)):
         if session.is_rank_zero():
             print(f"megatron_musa_patch: not saving iteration {call['iteration']} again: it is "
-                  f"the checkpoint this job loaded from {megatron_args.save}, nothing was trained "
+                  f"the checkpoint this job loaded from {save_dir}, nothing was trained "
                   f"since, and rewriting the latest checkpoint in place could leave none complete "
                   f"if interrupted.", flush=True)
         return None

@@ -15,15 +15,19 @@ and its own record in ``mmp doctor``:
 * ``experts_reduced_over_expert_dp`` -- experts split unlike the dense layers without expert
   parallelism diverge across tensor-parallel ranks;
 * ``log_loss_reset`` -- a job's first log line on the log interval does not reset the loss
-  accumulator, so the next line averages two intervals.
+  accumulator, so the next line averages two intervals;
+* ``optimizer_lr_unset`` -- the torch optimizers megatron-core falls back to without Apex/TE
+  reject ``OptimizerConfig``'s default ``lr=None``, which the fused ones keep;
+* ``vision_norm_without_te`` -- ``CLIPViTModel``'s default norms without TE
+  (``torch.nn.LayerNorm``) cannot be built with ``config=``.
 
 Each module's docstring says what upstream does and what the fix changes.
 """
 
 from . import (checkpoint_without_output_fp8, distopt_load_no_grad, distopt_step_counters,
                expert_bias_out_of_place, experts_reduced_over_expert_dp, log_loss_reset,
-               moe_te_general_gemm, te_version)
+               moe_te_general_gemm, optimizer_lr_unset, te_version, vision_norm_without_te)
 
 PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
            distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
-           log_loss_reset)
+           log_loss_reset, optimizer_lr_unset, vision_norm_without_te)

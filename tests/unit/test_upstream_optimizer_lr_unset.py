@@ -1,0 +1,78 @@
+"""upstream_fixes.optimizer_lr_unset: without Apex/TE, megatron-core builds its optimizer from an
+OptimizerConfig whose lr is unset (None), as it does with TE's FusedAdam, and keeps that None."""
+
+import pytest
+
+from ..conftest import run_python, subprocess_env
+
+#: one gloo rank, a one-linear MegatronModule in DDP, the optimizer built from the config's
+#: defaults (upstream's checkpointing tests do this), then a step before any lr is set
+PROBE = """
+import sys
+import megatron_musa_patch
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import MegatronModule
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+parallel_state.initialize_model_parallel()
+
+
+class Tiny(MegatronModule):
+    def __init__(self, config):
+        super().__init__(config)
+        self.linear = torch.nn.Linear(4, 4)
+
+
+config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
+model = DistributedDataParallel(config, DistributedDataParallelConfig(), Tiny(config))
+for kind, lr in (("adam", None), ("sgd", None), ("adam", 0.25)):
+    optimizer_config = OptimizerConfig(optimizer=kind, lr=lr)
+    inner = get_megatron_optimizer(optimizer_config, [model]).optimizer
+    print("built", kind, optimizer_config.lr, [g["lr"] for g in inner.param_groups],
+          inner.defaults["lr"])
+for p in inner.param_groups[0]["params"]:
+    p.grad = torch.ones_like(p)
+inner.param_groups[0]["lr"] = None
+try:
+    inner.step()
+    print("step ran")
+except TypeError:
+    print("step refused")
+"""
+
+
+def _apex_or_te_installed():
+    from megatron_musa_patch.conditions import importable
+
+    return importable("transformer_engine") or importable("apex")
+
+
+pytestmark = pytest.mark.skipif(_apex_or_te_installed(),
+                                reason="Apex or TE is installed: megatron-core uses FusedAdam")
+
+
+def _probe(tmp_path, **env):
+    return run_python(PROBE, args=(str(tmp_path / "store"),),
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
+
+
+def test_the_optimizer_builds_with_lr_unset_and_keeps_it_unset(tmp_path):
+    proc = _probe(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = [line for line in proc.stdout.splitlines() if line.startswith("built")]
+    assert built == ["built adam None [None, None] None", "built sgd None [None, None] None",
+                     "built adam 0.25 [0.25, 0.25] 0.25"]
+    # as with FusedAdam, a step before the scheduler sets the learning rate fails
+    assert proc.stdout.splitlines()[-1] == "step refused"
+
+
+def test_without_the_fix_the_torch_fallback_refuses_lr_unset(tmp_path):
+    proc = _probe(tmp_path, MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.optimizer_lr_unset")
+    assert proc.returncode != 0
+    assert "TypeError: '<=' not supported between instances of 'float' and 'NoneType'" \
+        in proc.stderr, proc.stderr[-3000:]
