@@ -119,7 +119,8 @@ UPSTREAM_CI = (
     (r"huggingface\.co|HFValidationError|NameResolutionError|Max retries exceeded"
      r"|Temporary failure in name resolution|Failed to resolve|Network is unreachable",
      "downloads from the network"),
-    (r"No module named 'torchvision'", "needs torchvision, which upstream's CI image has"),
+    (r"No module named '(torchvision|httpx)'",
+     "needs a package upstream's CI image has (torchvision / httpx)"),
     (r"modelopt_gpt_mamba_builder|No module named 'modelopt'",
      "needs nvidia-modelopt (NVIDIA's Model Optimizer), which upstream's CI image has"),
     (r"Emerging Optimizers is not installed",
@@ -141,6 +142,19 @@ KNOWN_CAUSES = (
      "with only the layer's required features: 8 of 256, |g| <= 6e-8), so the router weight's "
      "gradient differs from the unpadded run's by 5e-7 relative",
      "not ours: the test needs the device's kernels to cancel exactly"),
+    (r"s\[\"step\"\]\.item\(\) for s in inner_state_dict|not torch\.is_tensor\(p_state\[\"step\"\]\)"
+     r".*KeyError: 'step'",
+     "without Apex/TE the distributed optimizer reads a per-parameter 'step' that torch's Adam "
+     "creates only at its first step; the test fills the moments itself (exp_avg, "
+     "exp_avg_sq), so some parameters have state but no step. FusedAdam keeps the step in "
+     "the parameter group. Seen once optimizer_lr_unset let these tests build their optimizer",
+     "ours, not yet fixed: extends upstream_fixes.distopt_step_counters (a state without "
+     "'step' is at step 0)"),
+    (r"torch\.Generator\(device=torch\.cuda\.current_device\(\)\).*Cannot access accelerator",
+     "the CPU row answers torch.cuda.current_device() with 0, and torch.Generator(device=0) "
+     "asks torch for accelerator 0: the device swap maps device= for tensor factories, not "
+     "for torch.Generator",
+     "ours, not yet fixed: the CPU row's device swap"),
     (r"test_weighted_bias_swiglu\[input_dtype0\].*allclose\(x\.grad",
      "the layer's bias_swiglu_impl is more exact than the reference it is compared with: on "
      "the CPU small inputs take upstream's unfused path (autograd's silu backward, fp32 "
@@ -344,6 +358,9 @@ OFF_CUDA_NAMES = ((r"::test_te_|_te_\w*\[|::test_\w*_te\b|\[te\b|-te[-\]]|TE\w*S
                   # calculator the failed test left initialised
                   (r"pipeline_parallel/test_pipeline_layout\.py|dist_checkpointing/test_"
                    r"pipeline_parallel_layout\.py", "needs TransformerEngine"),
+                  # the even parametrisations build with use_transformer_engine=True ("TE")
+                  (r"test_heterogeneous_gpt_model\.py::.*\[heterogeneous_gpt_model[02468]-",
+                   "needs TransformerEngine"),
                   # call the Triton kernels of fused_mla_yarn_rope_apply / fused_indices_
                   # converter; without Triton upstream puts a no-op decorator in place of
                   # @triton.jit, so launching one fails
