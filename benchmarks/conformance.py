@@ -549,12 +549,10 @@ def updated(previous: dict, run: dict) -> dict:
         sys.exit(f"conformance: error: --update: the stored results are of release "
                  f"{previous.get('release')!r}, this run of {run['release']!r}; write them "
                  f"elsewhere (--results) or rerun them all")
-    for file_result in previous["files"]:
-        file_result.setdefault("nproc", previous.get("nproc"))
-        file_result.setdefault("timeout", previous.get("timeout"))
+    run_wide = {"nproc": previous.get("nproc"), "timeout": previous.get("timeout")}
     fresh = {f["file"]: f for f in run["files"]}
-    files = [fresh.pop(f["file"], f) for f in previous["files"]] + list(fresh.values())
-    return {**run, "files": files}
+    files = [fresh.pop(f["file"], None) or {**run_wide, **f} for f in previous["files"]]
+    return {**run, "files": files + list(fresh.values())}
 
 
 # ---------------------------------------------------------------------------- main
@@ -608,7 +606,7 @@ def main(argv=None) -> int:
     stored = (json.loads(results_file.read_text())
               if args.update and results_file.is_file() else None)
     if stored is not None:  # another release's results: say so before the first file runs
-        updated(json.loads(json.dumps(stored)), {"release": release, "files": []})
+        updated(stored, {"release": release, "files": []})
     files = []
     for number, test_file in enumerate(chosen, 1):
         nproc = 1 if os.path.basename(test_file) in SINGLE_PROCESS else args.nproc
@@ -623,7 +621,7 @@ def main(argv=None) -> int:
         run = {"release": release, "nproc": args.nproc, "timeout": args.timeout,
                "machine": machine, "date": time.strftime("%Y-%m-%d"), "files": list(files)}
         if stored is not None:
-            run = updated(json.loads(json.dumps(stored)), run)
+            run = updated(stored, run)
         if not args.no_write:  # after every file: a run stopped half-way keeps what finished
             args.results.mkdir(parents=True, exist_ok=True)
             results_file.write_text(json.dumps(run, indent=1))
