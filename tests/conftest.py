@@ -39,6 +39,13 @@ def run_python(code, *, env=None, cwd=None, timeout=300, args=()):
                           text=True, timeout=timeout)
 
 
+def run_on_one_cpu_rank(code, tmp_path, **env):
+    """Run a probe on the CPU row that joins a one-rank gloo group through the file store its
+    ``sys.argv[1]`` names; ``env`` adds variables (a ``MEGATRON_MUSA_PATCH_DISABLE``, say)."""
+    return run_python(code, args=(str(tmp_path / "store"),),
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
+
+
 #: MMP_STOCK_SUITE=ci runs only the stock tests marked `ci` (the CI-sized subset); unset or
 #: `all`, every stock test runs when MEGATRON_LM_PATH is set
 STOCK_SUITE_ENV = "MMP_STOCK_SUITE"

@@ -14,6 +14,9 @@ from packaging.specifiers import SpecifierSet
 FACTS: Dict[str, Tuple[str, str]] = {
     "te_version_without_te": (
         ">=0.17", "is_te_min_version answers False without TransformerEngine (fixed in 0.17.0)"),
+    "remove_sharded_tensors_without_writer_metadata_path": (
+        ">=0.17", "remove_sharded_tensors no longer reads FileSystemWriter.metadata_path "
+                  "(fixed in 0.17.0)"),
     "moe_utils_defines_te_names": (
         ">=0.17", "moe_utils defines te_general_gemm and the fused permute names as None "
                   "without TE (fixed in 0.17.0)"),

@@ -279,6 +279,37 @@ def device_type(row: DeviceMapping):
     return device
 
 
+class _GeneratorMeta(type):
+    """Keeps ``isinstance(x, torch.Generator)`` true for every real generator after the swap
+    (``torch.default_generator`` included: C code makes them, not the stand-in)."""
+
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, torch._C.Generator)
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, torch._C.Generator)
+
+
+def generator_type(row: DeviceMapping, original: Callable):
+    """A ``torch.Generator`` stand-in whose constructor maps 'cuda' and integer devices (Megatron's
+    inference sampler asks for ``torch.Generator(device=torch.cuda.current_device())``).
+
+    Instances are real generators made by ``original``; only construction is intercepted."""
+    translate = row.translate
+    original = getattr(original, "_mmp_original", original)  # a second activation
+
+    class Generator(metaclass=_GeneratorMeta):
+        __doc__ = original.__doc__
+
+        def __new__(cls, device=None):
+            return original() if device is None else original(device=translate(device))
+
+    Generator.__module__ = "torch"
+    Generator.__qualname__ = "Generator"
+    Generator._mmp_original = original
+    return Generator
+
+
 def autocast_init(row: DeviceMapping, original: Callable) -> Callable:
     """``torch.autocast(device_type='cuda')`` on the row's device."""
     translate = row.translate

@@ -24,6 +24,7 @@ MAPPED = {
     "torch:device": "torch.device('cuda'), ('cuda', i) and 'cuda:i' construct musa devices",
     "torch:Tensor.is_cuda": "Tensor.is_cuda is true for musa tensors (Tensor.is_musa)",
     "torch.nn:Module.cuda": "Module.cuda() moves the module to musa",
+    "torch:Generator": "torch.Generator(device='cuda') and integer devices make musa generators",
 }
 
 #: targets torchada leaves (not patched, or patched without what Megatron needs)

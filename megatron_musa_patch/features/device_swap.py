@@ -2,8 +2,8 @@
 
 Covers the sites where Megatron names CUDA: the ``torch.cuda`` API (device queries, streams, events,
 RNG, memory statistics, nvtx), ``device='cuda'`` / ``.cuda()`` / ``torch.device('cuda')`` /
-integer device indices, ``Tensor.type()`` strings, ``.is_cuda`` (MUSA), pinned memory, autocast,
-the RNG tracker, and ``@jit_fuser``. The records are registered on every device and applied
+``torch.Generator('cuda')`` / integer device indices, ``Tensor.type()`` strings, ``.is_cuda``
+(MUSA), pinned memory, autocast, the RNG tracker, and ``@jit_fuser``. The records are registered on every device and applied
 off CUDA only (the CUDA row has nothing to swap; ``@jit_fuser`` follows ``MEGATRON_MUSA_PATCH_JIT``
 there too).
 
@@ -97,6 +97,9 @@ def _device_string_patches(device):
                   torch_api.module_cuda(device, torch.nn.Module.cuda), why)
     yield _strict("device.torch_device", "torch:device", "attribute",
                   torch_api.device_type(device), "torch.device('cuda') constructs the row's device")
+    yield _strict("device.torch_generator", "torch:Generator", "attribute",
+                  torch_api.generator_type(device, torch.Generator),
+                  "torch.Generator(device='cuda' or an index) makes the row's generator")
     yield _strict("device.tensor.type", "torch:Tensor.type", "replace",
                   torch_api.tensor_type(device, tensor("type")),
                   "Megatron compares Tensor.type() with 'torch.cuda.FloatTensor' strings")

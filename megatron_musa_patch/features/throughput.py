@@ -28,6 +28,7 @@ from ..binding import call_arguments
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..registry import Patch
+from ..upstream_args import args_read_by
 
 FEATURE = "throughput"
 REQUIRED = False
@@ -77,9 +78,7 @@ def mmp_validate_args(args):
 
 
 def _train(resolved, device, wrapped, instance, args, kwargs):
-    from megatron.training.global_vars import get_args
-
-    margs = get_args()
+    margs = args_read_by(TRAINING)
     if getattr(margs, "throughput_log", True):
         _prepare(resolved, device, margs)
     return wrapped(*args, **kwargs)

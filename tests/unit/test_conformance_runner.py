@@ -171,6 +171,15 @@ def test_a_deselected_test_is_listed_as_off_cuda_with_its_reason():
     assert spelled[:2] == ("off CUDA by design", "needs TransformerEngine")
 
 
+def test_a_test_deselected_for_want_of_ci_data_is_counted_apart_with_its_reason():
+    nodeid, why = next(iter(conformance.NOT_RUN_WITHOUT_CI_DATA.items()))
+    verdict = conformance.classify({"outcome": conformance.NEEDS_CI_ENVIRONMENT, "message": why},
+                                   nodeid)
+    assert verdict[:2] == (conformance.CI_DATA, why)
+    assert conformance.CI_DATA not in conformance.RUNNABLE
+    assert set(conformance.NOT_RUN) == {"deselected", conformance.NEEDS_CI_ENVIRONMENT}
+
+
 def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
     test_file = tmp_path / "test_skipped_module.py"
     test_file.write_text("import pytest\npytest.skip('needs nvidia-modelopt', "

@@ -16,7 +16,8 @@ from megatron_musa_patch.errors import UnsupportedOnDeviceError
 from ..conftest import run_python, subprocess_env
 
 ORIGINAL = {"empty": torch.empty, "device": torch.device, "to": torch.Tensor.to,
-            "is_available": torch.cuda.is_available, "type": torch.Tensor.type}
+            "is_available": torch.cuda.is_available, "type": torch.Tensor.type,
+            "Generator": torch.Generator}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,16 @@ def test_torch_device_is_still_a_type(cpu_layer):
     assert isinstance(cuda, torch.device) and isinstance(cuda, ORIGINAL["device"])
     assert cuda == torch.device("cpu") and torch.device("cpu").type == "cpu"
     assert torch.ones(1).device == torch.device("cuda")
+
+
+def test_generators_for_cuda_or_an_index_are_host_generators(cpu_layer):
+    # Megatron's inference sampler: torch.Generator(device=torch.cuda.current_device())
+    made = [torch.Generator(device=torch.cuda.current_device()), torch.Generator("cuda"),
+            torch.Generator(device=torch.device("cuda", 1)), torch.Generator()]
+    assert [g.device.type for g in made] == ["cpu"] * 4
+    assert all(isinstance(g, torch.Generator) for g in made + [torch.default_generator])
+    draws = [torch.randn(3, generator=g.manual_seed(7)) for g in made[:2]]
+    assert torch.equal(*draws)
 
 
 def test_tensor_type_strings(cpu_layer):
@@ -298,6 +309,7 @@ def test_deactivate_restores_torch():
     megatron_musa_patch.deactivate()
     try:
         assert torch.empty is ORIGINAL["empty"] and torch.device is ORIGINAL["device"]
+        assert torch.Generator is ORIGINAL["Generator"]
         assert torch.Tensor.to is ORIGINAL["to"] and torch.Tensor.type is ORIGINAL["type"]
         assert torch.cuda.is_available is ORIGINAL["is_available"]
         assert not torch.cuda.is_available()

@@ -60,6 +60,8 @@ sites = {
     ".to(0)": lambda: x.to(0),
     "Module.cuda()": lambda: torch.nn.Linear(2, 2).cuda(),
     "new_empty(device='cuda')": lambda: x.new_empty(2, device="cuda"),
+    "Generator(device='cuda')": lambda: torch.Generator(device="cuda"),
+    "Generator(device=0)": lambda: torch.Generator(device=0),
     "type('torch.cuda.FloatTensor')": lambda: x.type("torch.cuda.FloatTensor"),
     "random.get_rng_state": lambda: torch.cuda.random.get_rng_state(),
     "import torch.cuda.random": lambda: __import__("torch.cuda.random").cuda.random
@@ -128,7 +130,8 @@ def test_cuda_devices_become_musa_devices(contract):
 
 @pytest.mark.parametrize("site", [
     "torch.empty(device='cuda')", ".cuda()", ".cuda(memory_format=)", ".to('cuda')", ".to(0)",
-    "Module.cuda()", "new_empty(device='cuda')", "type('torch.cuda.FloatTensor')"])
+    "Module.cuda()", "new_empty(device='cuda')", "type('torch.cuda.FloatTensor')",
+    "Generator(device='cuda')", "Generator(device=0)"])
 def test_allocating_sites_reach_the_musa_backend(contract, site):
     # the stand-in has no kernels: the allocation must fail in the musa backend, not in CUDA
     error = contract["sites"][site].get("error", "")

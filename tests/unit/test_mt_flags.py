@@ -4,6 +4,8 @@ upstream's defaults, the plugins' hooks called directly. The routing math is che
 megatron-core's router in tests/core/test_mt_router.py."""
 
 import argparse
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -211,6 +213,21 @@ def test_wait_after_ckpt_waits_after_each_save(capsys):
     assert "waited 2.5 s after saving the checkpoint of iteration 7" in capsys.readouterr().out
     with pytest.raises(ArgumentError, match="--wait-after-ckpt -1: give the seconds"):
         wait_after_ckpt.mmp_validate_args(args=margs(wait_after_ckpt=-1.0))
+
+
+def test_wait_after_ckpt_reads_the_args_save_checkpoint_reads(monkeypatch):
+    # upstream's checkpointing tests patch megatron.training.checkpointing.get_args with a mock;
+    # the global args are then unset
+    waited = []
+    module = types.ModuleType(wait_after_ckpt.CHECKPOINTING)
+    module.get_args = lambda: SimpleNamespace(wait_after_ckpt=1.5)
+    monkeypatch.setitem(sys.modules, wait_after_ckpt.CHECKPOINTING, module)
+    assert wait_after_ckpt.after_save(waited.append, lambda iteration: None, None, (3,), {}) \
+        is None
+    assert waited == [1.5]
+    monkeypatch.setattr(module, "get_args", lambda: SimpleNamespace())  # a mock without the flag
+    wait_after_ckpt.after_save(waited.append, lambda iteration: None, None, (3,), {})
+    assert waited == [1.5]
 
 
 def test_tp_only_amax_red_needs_fp8():

@@ -74,6 +74,9 @@ works = {
                     == ["musa", "musa:1", "musa:2"],
     "torch:Tensor.is_cuda": x.is_cuda is False and isinstance(torch.Tensor.is_cuda, property),
     "torch.nn:Module.cuda": on_musa(lambda: torch.nn.Linear(2, 2).cuda()),
+    "torch:Generator": on_musa(lambda: torch.Generator(device="cuda"))
+                       and on_musa(lambda: torch.Generator(device=0))
+                       and isinstance(torch.default_generator, torch.Generator),
     "torch:Tensor.to": on_musa(lambda: x.to("cuda")) and on_musa(lambda: x.to(0))
                        and on_musa(lambda: x.to(device=torch.device("cuda"))),
     "torch.nn:Module.to": on_musa(lambda: torch.nn.Linear(2, 2).to("cuda")),

@@ -3,7 +3,7 @@ OptimizerConfig whose lr is unset (None), as it does with TE's FusedAdam, and ke
 
 import pytest
 
-from ..conftest import run_python, subprocess_env
+from ..conftest import run_on_one_cpu_rank
 
 #: one gloo rank, a one-linear MegatronModule in DDP, the optimizer built from the config's
 #: defaults (upstream's checkpointing tests do this), then a step before any lr is set
@@ -56,13 +56,9 @@ pytestmark = pytest.mark.skipif(_apex_or_te_installed(),
                                 reason="Apex or TE is installed: megatron-core uses FusedAdam")
 
 
-def _probe(tmp_path, **env):
-    return run_python(PROBE, args=(str(tmp_path / "store"),),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
-
 
 def test_the_optimizer_builds_with_lr_unset_and_keeps_it_unset(tmp_path):
-    proc = _probe(tmp_path)
+    proc = run_on_one_cpu_rank(PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = [line for line in proc.stdout.splitlines() if line.startswith("built")]
     assert built == ["built adam None [None, None] None", "built sgd None [None, None] None",
@@ -72,7 +68,8 @@ def test_the_optimizer_builds_with_lr_unset_and_keeps_it_unset(tmp_path):
 
 
 def test_without_the_fix_the_torch_fallback_refuses_lr_unset(tmp_path):
-    proc = _probe(tmp_path, MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.optimizer_lr_unset")
+    proc = run_on_one_cpu_rank(PROBE, tmp_path,
+                               MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.optimizer_lr_unset")
     assert proc.returncode != 0
     assert "TypeError: '<=' not supported between instances of 'float' and 'NoneType'" \
         in proc.stderr, proc.stderr[-3000:]

@@ -3,7 +3,7 @@ norms follow config.normalization, and a forward pass runs."""
 
 import pytest
 
-from ..conftest import run_python, subprocess_env
+from ..conftest import run_on_one_cpu_rank
 
 PROBE = """
 import sys
@@ -38,13 +38,9 @@ def _te_installed():
 pytestmark = pytest.mark.skipif(_te_installed(), reason="TE is installed: TENorm is the default")
 
 
-def _probe(tmp_path, **env):
-    return run_python(PROBE, args=(str(tmp_path / "store"),),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
-
 
 def test_clip_vit_builds_and_runs_without_te(tmp_path):
-    proc = _probe(tmp_path)
+    proc = run_on_one_cpu_rank(PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = [line for line in proc.stdout.splitlines() if line.startswith("built")]
     # 4 patches of 14x14 plus the class token, batch 2, hidden 64
@@ -52,6 +48,7 @@ def test_clip_vit_builds_and_runs_without_te(tmp_path):
 
 
 def test_without_the_fix_upstream_cannot_build_its_default_norm(tmp_path):
-    proc = _probe(tmp_path, MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.vision_norm_without_te")
+    proc = run_on_one_cpu_rank(PROBE, tmp_path,
+                               MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.vision_norm_without_te")
     assert proc.returncode != 0
     assert "unexpected keyword argument 'config'" in proc.stderr, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ import sys
 from ...binding import call_arguments
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream_args import args_read_by
 from .common import CHECKPOINTING, TRACKER, msc_enabled
 
 FEATURE = "checkpoint_safety.no_rewrite_of_loaded"
@@ -56,12 +57,8 @@ def _skip_rewrite_of_loaded_latest(session, wrapped, instance, args, kwargs):
     if call.get("non_persistent_ckpt") or call.get("release") or msc_enabled():
         return wrapped(*args, **kwargs)
     module = sys.modules.get(CHECKPOINTING)
-    # the args save_checkpoint itself reads: its module's get_args (what upstream's tests patch
-    # with a SimpleNamespace holding only what it needs there, no `load`)
-    get_args = getattr(module, "get_args", None)
-    if get_args is None:
-        from megatron.training.global_vars import get_args
-    megatron_args = get_args()
+    # upstream's tests give save_checkpoint a SimpleNamespace without `load`
+    megatron_args = args_read_by(CHECKPOINTING)
     loaded = getattr(module, "get_loaded_iteration", lambda: None)()
     save_dir, load_dir = getattr(megatron_args, "save", None), getattr(megatron_args, "load", None)
     if loaded_latest_unchanged(call.get("iteration"), save_dir, load_dir, loaded,

@@ -18,10 +18,12 @@ from ...binding import call_arguments
 from ...errors import ArgumentError
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream_args import args_read_by
 
 FEATURE = "mt_megatron.wait_after_ckpt"
 REQUIRED = False
 DESCRIPTION = "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)"
+CHECKPOINTING = "megatron.training.checkpointing"
 
 
 @hookimpl
@@ -41,7 +43,7 @@ def mmp_validate_args(args):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE}.save", "megatron.training.checkpointing:save_checkpoint",
+    registry.add(Patch(f"{FEATURE}.save", f"{CHECKPOINTING}:save_checkpoint",
                        "wrap", functools.partial(after_save, time.sleep), FEATURE,
                        rebind=("megatron.training.training", "megatron.training.utils"),
                        why="--wait-after-ckpt: wait after each checkpoint save"))
@@ -49,9 +51,8 @@ def mmp_register_patches(registry):
 
 def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):
     result = wrapped(*args, **kwargs)
-    if get_args is None:
-        from megatron.training import get_args
-    wait = float(getattr(get_args(), "wait_after_ckpt", 0.0) or 0.0)
+    megatron_args = get_args() if get_args is not None else args_read_by(CHECKPOINTING)
+    wait = float(getattr(megatron_args, "wait_after_ckpt", 0.0) or 0.0)
     if wait > 0:
         sleep(wait)
         if os.environ.get("RANK", "0") == "0":

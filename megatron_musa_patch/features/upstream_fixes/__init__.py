@@ -18,16 +18,22 @@ and its own record in ``mmp doctor``:
   accumulator, so the next line averages two intervals;
 * ``optimizer_lr_unset`` -- the torch optimizers megatron-core falls back to without Apex/TE
   reject ``OptimizerConfig``'s default ``lr=None``, which the fused ones keep;
+* ``optimizer_step_on_load`` -- torch's Adam refuses moments saved before any step (megatron-core's
+  non-distributed optimizers save no step at step 0), which the fused ones take;
 * ``vision_norm_without_te`` -- ``CLIPViTModel``'s default norms without TE
-  (``torch.nn.LayerNorm``) cannot be built with ``config=``.
+  (``torch.nn.LayerNorm``) cannot be built with ``config=``;
+* ``writer_metadata_path`` -- 0.16's ``remove_sharded_tensors`` reads a ``metadata_path`` that
+  torch's checkpoint writer no longer has.
 
 Each module's docstring says what upstream does and what the fix changes.
 """
 
 from . import (checkpoint_without_output_fp8, distopt_load_no_grad, distopt_step_counters,
                expert_bias_out_of_place, experts_reduced_over_expert_dp, log_loss_reset,
-               moe_te_general_gemm, optimizer_lr_unset, te_version, vision_norm_without_te)
+               moe_te_general_gemm, optimizer_lr_unset, optimizer_step_on_load, te_version,
+               vision_norm_without_te, writer_metadata_path)
 
 PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
            distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
-           log_loss_reset, optimizer_lr_unset, vision_norm_without_te)
+           log_loss_reset, optimizer_lr_unset, optimizer_step_on_load, vision_norm_without_te,
+           writer_metadata_path)

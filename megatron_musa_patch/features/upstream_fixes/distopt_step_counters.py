@@ -2,7 +2,8 @@
 
 ``DistributedOptimizer.state_dict`` without Apex/TE reads ``step`` from the torch optimizer's
 per-parameter state, which torch creates at the first step: loading a checkpoint (which builds
-the state-dict template first) fails with a bare AssertionError. Its ``load_state_dict`` then
+the state-dict template first) fails with a bare AssertionError, and a state whose moments were
+filled before any step (upstream's ``init_state_fn``) with a bare KeyError. Its ``load_state_dict`` then
 gives every parameter *one shared* ``step`` tensor (torch's Adam increments it once per parameter
 per step), and the parameter-state copy overwrites its value: after loading, each parameter gets
 its own ``step`` holding the checkpoint's value. The legacy format (``--ckpt-format torch``) saves
@@ -32,7 +33,8 @@ def mmp_register_patches(registry):
                            impl, FEATURE, condition=_without_apex_or_te, why=why))
 
     add("state_dict_before_first_step", "state_dict", _state_dict_before_first_step,
-        "checkpoint loading asks for the state dict before any step: step 0")
+        "the state dict of parameters that have not stepped yet (checkpoint loading asks for it "
+        "before any step; init_state_fn fills moments only): step 0")
     add("load_state_dict", "load_state_dict", _load_state_dict_with_own_steps,
         "one step tensor per parameter, holding the checkpoint's step")
     add("legacy_param_state", "_set_main_param_and_optimizer_states", _keep_loaded_step,
@@ -47,18 +49,33 @@ def _without_apex_or_te():
 
 
 def _state_dict_before_first_step(wrapped, instance, args, kwargs):
-    """Before the first step the torch optimizer has no state: record step 0 through a
-    placeholder entry (non-tensor keys pass through torch's state_dict unchanged)."""
-    inner = instance.optimizer
-    if inner.state:
-        return wrapped(*args, **kwargs)
+    """Record step 0 for what has not stepped yet, for the length of the call only.
+
+    With no state at all, a placeholder entry carries it (non-tensor keys pass through torch's
+    state_dict unchanged). A state without ``step`` (empty, or moments filled before any step by
+    upstream's ``init_state_fn`` or a test) gets the step the stepped states share, else 0; it
+    is taken off again so that torch's Adam finds the state as it was left."""
     import torch
 
-    inner.state[_NO_STEP_YET] = {"step": torch.tensor(0.0)}
+    inner = instance.optimizer
+    if not inner.state:
+        inner.state[_NO_STEP_YET] = {"step": torch.tensor(0.0)}
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            inner.state.pop(_NO_STEP_YET, None)
+    without_step = [state for state in inner.state.values() if "step" not in state]
+    shared = {float(state["step"]) for state in inner.state.values() if "step" in state}
+    if not without_step or len(shared) > 1:  # several steps: upstream's own assertion says so
+        return wrapped(*args, **kwargs)
+    step = shared.pop() if shared else 0.0
+    for state in without_step:
+        state["step"] = torch.tensor(step)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        inner.state.pop(_NO_STEP_YET, None)
+        for state in without_step:
+            state.pop("step", None)
 
 
 def _load_state_dict_with_own_steps(wrapped, instance, args, kwargs):

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ...binding import call_arguments
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream_args import args_read_by
 
 FEATURE = "upstream_fixes.log_loss_reset"
 REQUIRED = False
@@ -36,9 +37,7 @@ def mmp_register_patches(registry):
 def _training_log(wrapped, instance, args, kwargs):
     call = call_arguments(wrapped, args, kwargs)
     if call.get("is_first_iteration"):
-        from megatron.training.global_vars import get_args
-
-        interval = getattr(get_args(), "log_interval", None)
+        interval = getattr(args_read_by("megatron.training.training"), "log_interval", None)
         if interval and call["iteration"] % interval == 0:
             call["is_first_iteration"] = False
             return wrapped(**call)
