@@ -183,6 +183,10 @@ KNOWN_CAUSES = (
      "megatron-core's remove_sharded_tensors renames FileSystemWriter.metadata_path, which "
      "torch's writer no longer has (it has _get_metadata_path()); the layer does not "
      "touch the writer", "not ours: megatron-core against this torch"),
+    (r"test_missing_keys_raises_error_during_validation.*caplog\.text == ''.*dcp_logger",
+     "torch's distributed-checkpoint logger (which torch sets to DEBUG) records a line when "
+     "a load starts; the test expects the captured log to be empty. The layer sets no log "
+     "level or propagation", "not ours: upstream's test against this torch"),
     (r"num microbatches calculator is already initialized",
      "state left by a test before it in the file that failed without its clean-up (upstream's "
      "tests reset the calculator only when they pass)",
@@ -214,6 +218,14 @@ NOT_RUN_OFF_CUDA = {
        "(seen once: SIGKILL)"
        for case in ("8-8-1-False", "8-1-8-False", "8-2-4-False", "8-4-2-False", "8-2-4-True",
                     "8-4-2-True")},
+    **{f"tests/unit_tests/resharding/test_model_swap.py::test_swap_gpt_parametrized[{case}-"
+       f"{backend}]":
+       "its MoE cases need TE's grouped MLP (upstream skips them without TE), but only after "
+       "building the source and destination process-group collections, about 110 groups: "
+       "97-256 s per case here, 8 ranks on 2 cores, late in a file whose earlier tests left "
+       "their groups registered (the file ran past 900 s in them)"
+       for case in ("1-1-2-1-1-4-4", "1-1-2-1-1-1-4", "1-1-1-1-1-2-4", "1-1-2-1-2-2-4")
+       for backend in ("nccl", "gloo")},
 }
 
 
@@ -227,8 +239,24 @@ NOT_RUN_WITHOUT_CI_DATA = {
     for kind, seconds in (("gpt", "145 s here"), ("bert", "the file's 300 s limit ran out in "
                                                          "it"))}
 NEEDS_CI_ENVIRONMENT = "deselected: needs upstream's CI environment"
+#: tests that fail here on some ranks only and so leave the others in a collective the rest of
+#: the file then pairs wrongly (every later test hangs): deselected so the file runs, and counted
+#: as failed with the cause, which is upstream's -> (why, belongs to)
+NOT_RUN_DERAILS = {
+    "tests/unit_tests/dist_checkpointing/test_serialization.py::TestSerialization::"
+    "test_remove_sharded_tensors": (
+        "a race in the test: every rank lists the checkpoint's files and metadata after save() "
+        "with no barrier before rank 0 removes the prefixed ones, so on 8 ranks sharing 2 cores "
+        "some ranks list after the removal (seen: 7 files of 8, the metadata without the "
+        "prefix, the directory gone) and fail before their barrier, which then pairs with "
+        "another; test_empty_load after it hung with 5 ranks in a barrier and 3 in save()'s "
+        "all_gather (py-spy). The removal itself passes: upstream_fixes.writer_metadata_path's "
+        "test", "not ours: upstream's test races when its ranks do not run in step"),
+}
+DERAILS = "deselected: derails its file"
 #: outcome recorded -> the tests deselected with it
-NOT_RUN = {"deselected": NOT_RUN_OFF_CUDA, NEEDS_CI_ENVIRONMENT: NOT_RUN_WITHOUT_CI_DATA}
+NOT_RUN = {"deselected": NOT_RUN_OFF_CUDA, NEEDS_CI_ENVIRONMENT: NOT_RUN_WITHOUT_CI_DATA,
+           DERAILS: {n: why for n, (why, _) in NOT_RUN_DERAILS.items()}}
 
 
 # ---------------------------------------------------------------------------- running a file
@@ -407,6 +435,9 @@ def classify(test: dict, nodeid: str = "", file_status: str = "finished") -> tup
         return "off CUDA by design", message, "upstream's test needs CUDA; not run here"
     if outcome == NEEDS_CI_ENVIRONMENT:
         return CI_DATA, message, "not ours: no such data or network here; not run here"
+    if outcome == DERAILS:
+        return "failed", message, NOT_RUN_DERAILS.get(nodeid, (None, "not ours"))[1] + \
+            "; not run here"
     if file_status != "finished" and outcome == "failed" and re.search(LOST_PEERS, message):
         return "not run", f"lost its peers when the file was stopped ({file_status})", \
             "see the file's time line"

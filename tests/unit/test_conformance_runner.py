@@ -177,7 +177,15 @@ def test_a_test_deselected_for_want_of_ci_data_is_counted_apart_with_its_reason(
                                    nodeid)
     assert verdict[:2] == (conformance.CI_DATA, why)
     assert conformance.CI_DATA not in conformance.RUNNABLE
-    assert set(conformance.NOT_RUN) == {"deselected", conformance.NEEDS_CI_ENVIRONMENT}
+    assert set(conformance.NOT_RUN) == {"deselected", conformance.NEEDS_CI_ENVIRONMENT,
+                                        conformance.DERAILS}
+
+
+def test_a_test_deselected_because_it_derails_its_file_counts_as_failed():
+    nodeid, (why, where) = next(iter(conformance.NOT_RUN_DERAILS.items()))
+    verdict = conformance.classify({"outcome": conformance.DERAILS, "message": why}, nodeid)
+    assert verdict == ("failed", why, where + "; not run here")
+    assert "failed" in conformance.RUNNABLE  # it counts against the pass rate
 
 
 def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):

@@ -6,32 +6,12 @@ before any step (upstream's ``init_state_fn``, and its checkpointing tests, set 
 import pytest
 
 from ..conftest import run_on_one_cpu_rank
+from .one_rank_probes import PRELUDE, apex_or_te_installed
 
-#: one gloo rank, a one-linear MegatronModule in DDP under the distributed optimizer: its state
+#: a two-linear Tiny in DDP under the distributed optimizer: its state
 #: dict with no state, with moments filled as upstream's tests fill them, and after a step with
 #: one parameter's state refilled with moments only
-PROBE = """
-import sys
-import megatron_musa_patch
-import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.module import MegatronModule
-
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-parallel_state.initialize_model_parallel()
-
-
-class Tiny(MegatronModule):
-    def __init__(self, config):
-        super().__init__(config)
-        self.linear = torch.nn.Linear(4, 4)
-        self.other = torch.nn.Linear(4, 4)
-
-
+PROBE = PRELUDE + """
 def steps(optimizer, when):
     try:
         groups = optimizer.state_dict()["optimizer"]["param_groups"]
@@ -44,7 +24,7 @@ def steps(optimizer, when):
 
 config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
 model = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True),
-                                Tiny(config))
+                                Tiny(config, layers=2))
 optimizer = get_megatron_optimizer(
     OptimizerConfig(optimizer="adam", lr=0.1, use_distributed_optimizer=True), [model])
 inner = optimizer.optimizer
@@ -64,13 +44,7 @@ steps(optimizer, "stepped")
 """
 
 
-def _apex_or_te_installed():
-    from megatron_musa_patch.conditions import importable
-
-    return importable("transformer_engine") or importable("apex")
-
-
-pytestmark = pytest.mark.skipif(_apex_or_te_installed(),
+pytestmark = pytest.mark.skipif(apex_or_te_installed(),
                                 reason="Apex or TE is installed: the step is the param group's")
 
 

@@ -4,30 +4,11 @@ OptimizerConfig whose lr is unset (None), as it does with TE's FusedAdam, and ke
 import pytest
 
 from ..conftest import run_on_one_cpu_rank
+from .one_rank_probes import PRELUDE, apex_or_te_installed
 
 #: one gloo rank, a one-linear MegatronModule in DDP, the optimizer built from the config's
 #: defaults (upstream's checkpointing tests do this), then a step before any lr is set
-PROBE = """
-import sys
-import megatron_musa_patch
-import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.module import MegatronModule
-
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-parallel_state.initialize_model_parallel()
-
-
-class Tiny(MegatronModule):
-    def __init__(self, config):
-        super().__init__(config)
-        self.linear = torch.nn.Linear(4, 4)
-
-
+PROBE = PRELUDE + """
 config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
 model = DistributedDataParallel(config, DistributedDataParallelConfig(), Tiny(config))
 for kind, lr in (("adam", None), ("sgd", None), ("adam", 0.25)):
@@ -46,13 +27,7 @@ except TypeError:
 """
 
 
-def _apex_or_te_installed():
-    from megatron_musa_patch.conditions import importable
-
-    return importable("transformer_engine") or importable("apex")
-
-
-pytestmark = pytest.mark.skipif(_apex_or_te_installed(),
+pytestmark = pytest.mark.skipif(apex_or_te_installed(),
                                 reason="Apex or TE is installed: megatron-core uses FusedAdam")
 
 
