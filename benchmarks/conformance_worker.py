@@ -30,6 +30,10 @@ class Recorder:
         self._write(event="collected", nodeids=[item.nodeid for item in session.items],
                     flaky=flaky)
 
+    def pytest_deselected(self, items):
+        # the runner's --deselect ids that this release's file has (the others match nothing)
+        self._write(event="deselected", nodeids=[item.nodeid for item in items])
+
     def pytest_collectreport(self, report):
         if report.failed:
             self._write(event="collect_error", nodeid=report.nodeid,

@@ -289,6 +289,9 @@ class _GeneratorMeta(type):
     def __subclasscheck__(cls, subclass):
         return issubclass(subclass, torch._C.Generator)
 
+    def __getattr__(cls, name):  # class-level reads (an unbound method, say) are torch's
+        return getattr(torch._C.Generator, name)
+
 
 def generator_type(row: DeviceMapping, original: Callable):
     """A ``torch.Generator`` stand-in whose constructor maps 'cuda' and integer devices (Megatron's

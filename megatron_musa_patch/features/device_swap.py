@@ -3,9 +3,9 @@
 Covers the sites where Megatron names CUDA: the ``torch.cuda`` API (device queries, streams, events,
 RNG, memory statistics, nvtx), ``device='cuda'`` / ``.cuda()`` / ``torch.device('cuda')`` /
 ``torch.Generator('cuda')`` / integer device indices, ``Tensor.type()`` strings, ``.is_cuda``
-(MUSA), pinned memory, autocast, the RNG tracker, and ``@jit_fuser``. The records are registered on every device and applied
-off CUDA only (the CUDA row has nothing to swap; ``@jit_fuser`` follows ``MEGATRON_MUSA_PATCH_JIT``
-there too).
+(MUSA), pinned memory, autocast, the RNG tracker, and ``@jit_fuser``. The records are registered
+on every device and applied off CUDA only (the CUDA row has nothing to swap; ``@jit_fuser``
+follows ``MEGATRON_MUSA_PATCH_JIT`` there too).
 
 On the musa row torchada maps torch (``device/adapter.py``): the session's ``torch_mapping``
 skips each torch-level record whose name torchada covers and keeps the rest, with the gap as the

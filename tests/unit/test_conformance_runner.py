@@ -203,6 +203,26 @@ def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
         "outcome": "skipped", "message": "Skipped: needs nvidia-modelopt", "seconds": 0.0}}
 
 
+def test_only_deselected_tests_the_file_has_are_recorded(tmp_path):
+    # a release whose file lacks a listed test (other parameters, say) gets no record of it
+    (tmp_path / "test_two.py").write_text("def test_kept():\n    pass\n\n"
+                                          "def test_harmful():\n    pass\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "conformance_worker.py"),
+                    "test_two.py", "--deselect=test_two.py::test_harmful",
+                    "--deselect=test_two.py::test_renamed[x]"],
+                   cwd=tmp_path, env=env, capture_output=True, check=False)
+    events = {0: [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]}
+    listed = {"test_two.py::test_harmful": ("deselected", "would harm the machine"),
+              "test_two.py::test_renamed[x]": ("deselected", "another release's test")}
+    assert conformance.deselected_records(events, listed) == {
+        "test_two.py::test_harmful": {"outcome": "deselected",
+                                      "message": "would harm the machine", "seconds": 0.0}}
+    assert set(conformance.merge(events, "finished")) == {"test_two.py::test_kept"}
+
+
 def test_a_test_some_ranks_failed_while_the_others_never_finished_is_where_the_file_hung():
     ids = [f"{F}::test_broadcast", f"{F}::test_send_recv"]
     collected = {"event": "collected", "nodeids": ids, "flaky": []}

@@ -23,8 +23,8 @@ def steps(optimizer, when):
 
 
 config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
-model = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True),
-                                Tiny(config, layers=2))
+ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True)
+model = DistributedDataParallel(config, ddp_config, Tiny(config, layers=2))
 optimizer = get_megatron_optimizer(
     OptimizerConfig(optimizer="adam", lr=0.1, use_distributed_optimizer=True), [model])
 inner = optimizer.optimizer

@@ -2,13 +2,13 @@
 
 ``DistributedOptimizer.state_dict`` without Apex/TE reads ``step`` from the torch optimizer's
 per-parameter state, which torch creates at the first step: loading a checkpoint (which builds
-the state-dict template first) fails with a bare AssertionError, and a state whose moments were
-filled before any step (upstream's ``init_state_fn``) with a bare KeyError. Its ``load_state_dict`` then
-gives every parameter *one shared* ``step`` tensor (torch's Adam increments it once per parameter
-per step), and the parameter-state copy overwrites its value: after loading, each parameter gets
-its own ``step`` holding the checkpoint's value. The legacy format (``--ckpt-format torch``) saves
-the parameter state without that ``step`` and its loader copies every key of the live state
-(KeyError): the loaded ``step`` is kept.
+the state-dict template first) fails with a bare AssertionError, and a state whose moments
+were filled before any step (upstream's ``init_state_fn``) with a bare KeyError. Its
+``load_state_dict`` then gives every parameter *one shared* ``step`` tensor (torch's Adam
+increments it once per parameter per step), and the parameter-state copy overwrites its value:
+after loading, each parameter gets its own ``step`` holding the checkpoint's value. The legacy
+format (``--ckpt-format torch``) saves the parameter state without that ``step`` and its loader
+copies every key of the live state (KeyError): the loaded ``step`` is kept.
 """
 
 from __future__ import annotations
