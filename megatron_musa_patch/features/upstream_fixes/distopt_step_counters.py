@@ -18,6 +18,7 @@ import sys
 from ...binding import call_arguments
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from .adam_steps import shared_step
 
 FEATURE = "upstream_fixes.distopt_step_counters"
 REQUIRED = False
@@ -65,10 +66,9 @@ def _state_dict_before_first_step(wrapped, instance, args, kwargs):
         finally:
             inner.state.pop(_NO_STEP_YET, None)
     without_step = [state for state in inner.state.values() if "step" not in state]
-    shared = {float(state["step"]) for state in inner.state.values() if "step" in state}
-    if not without_step or len(shared) > 1:  # several steps: upstream's own assertion says so
+    step = shared_step(inner.state.values())
+    if not without_step or step is None:  # several steps: upstream's own assertion says so
         return wrapped(*args, **kwargs)
-    step = shared.pop() if shared else 0.0
     for state in without_step:
         state["step"] = torch.tensor(step)
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ...binding import call_arguments
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from .adam_steps import shared_step
 
 FEATURE = "upstream_fixes.optimizer_step_on_load"
 REQUIRED = False
@@ -58,9 +59,8 @@ def _give_missing_steps(state):
     import torch
 
     per_param = [s for s in state.values() if isinstance(s, dict) and s]
-    shared = {float(s["step"]) for s in per_param if "step" in s}
-    if len(shared) > 1:  # steps that differ: upstream's own check says so
+    step = shared_step(per_param)
+    if step is None:  # steps that differ: upstream's own check says so
         return
-    step = shared.pop() if shared else 0.0
     for param_state in per_param:
         param_state.setdefault("step", torch.tensor(step))
