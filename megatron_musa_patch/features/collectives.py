@@ -11,9 +11,11 @@ refuse torch's newer keywords, so the layer's record takes the place of torchada
 stacking on it (``device/torchada_coverage.py``).
 
 On the CPU row gloo differs from NCCL where Megatron relies on it: a send reads its buffer until
-it completes (each ``isend`` owns a copy), and ``all_gather_into_tensor`` /
+it completes (each ``isend`` owns a copy), ``all_gather_into_tensor`` /
 ``reduce_scatter_tensor`` want the large tensor in dim-0 chunks of the small one's shape (they
-get views of the same storage that are).
+get views of the same storage that are), and ``all_gather`` wants every output of the input's
+shape, where NCCL gathers shards of different sizes (Megatron-FSDP's uneven DTensors: gathered
+through buffers padded to the largest shard, then copied out).
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def mmp_register_patches(session, registry, device):
                            why="gloo wants the large tensor in dim-0 chunks of the small one's "
                                "shape; NCCL and MCCL take any shapes of the right sizes "
                                "(Megatron gathers 2-D shards into flat buffers)"))
+    registry.add(Patch("collectives.all_gather_uneven", "torch.distributed.distributed_c10d:"
+                       "all_gather", "wrap", _gather_uneven_as_gloo, FEATURE,
+                       devices=frozenset({"cpu"}), strict=True, rebind=("torch.distributed",),
+                       why="gloo wants every output of the input's shape; NCCL gathers shards "
+                           "of different sizes (Megatron-FSDP's uneven DTensors)"))
 
 
 def _over_torch(name, wrapper):
@@ -138,6 +145,39 @@ def _scatter_as_gloo_shapes(wrapped, instance, args, kwargs):
     group = rest[1] if len(rest) > 1 else kwargs.get("group")
     input_, output = _gloo_shapes(input_, output, group)
     return wrapped(output, input_, *rest, **kwargs)
+
+
+def _gather_uneven_as_gloo(wrapped, instance, args, kwargs):
+    """``all_gather(tensor_list, tensor, group=None, async_op=False)`` whose outputs differ from
+    the input in shape: each rank's tensor travels padded to the largest output's size and is
+    copied out into the caller's outputs (a returned work is already complete)."""
+    (outputs, input_), rest, kwargs = _leading(args, kwargs, ("tensor_list", "tensor"))
+    if all(output.shape == input_.shape for output in outputs):
+        return wrapped(outputs, input_, *rest, **kwargs)
+    group = rest[0] if rest else kwargs.get("group")
+    async_op = rest[1] if len(rest) > 1 else kwargs.get("async_op", False)
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    if not 0 <= rank < len(outputs) or outputs[rank].numel() != input_.numel():
+        return wrapped(outputs, input_, *rest, **kwargs)  # gloo's own error, as without it
+    largest = max(output.numel() for output in outputs)
+    padded = input_.new_zeros(largest)
+    padded[:input_.numel()] = input_.reshape(-1)
+    buffers = [padded.new_empty(largest) for _ in outputs]
+    wrapped(buffers, padded, group=group)
+    for output, buffer in zip(outputs, buffers):
+        output.copy_(buffer[:output.numel()].view(output.shape))
+    return _completed_work() if async_op else None
+
+
+def _completed_work():
+    import torch
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future = torch.futures.Future()
+    future.set_result(None)
+    return _create_work_from_future(future)
 
 
 def _leading(args, kwargs, names):

@@ -286,3 +286,117 @@ def test_a_stopped_file_leaves_no_process_of_its_ranks_behind(tmp_path):
             break
         time.sleep(0.1)
     assert not _alive(pool_pid) and rank.returncode == -9 and launcher.returncode == -9
+
+
+def _session_leader(tmp_path, code, rank=0):
+    """A stand-in rank: a process leading a session of its own, its pid where the runner
+    reads it."""
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    (tmp_path / f"rank{rank}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def _watched(tmp_path, window, write_events=False):
+    """IdleWatch's verdicts over 1.5 windows, sampled as the runner does."""
+    watch = conformance.IdleWatch(tmp_path, window)
+    verdicts = []
+    begin = time.monotonic()
+    while time.monotonic() - begin < 1.5 * window:
+        if write_events:
+            with open(tmp_path / "rank0.jsonl", "a") as f:
+                f.write('{"event": "start", "nodeid": "t"}\n')
+        verdicts.append(watch.idle(time.monotonic()))
+        time.sleep(0.2)
+    return verdicts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_that_sit_idle_for_the_window_are_stalled_and_busy_ones_are_not(tmp_path):
+    # a rank blocked in a collective sleeps: no CPU, no events
+    waiting = _session_leader(tmp_path, "import time; time.sleep(60)")
+    try:
+        verdicts = _watched(tmp_path, window=1.5)
+        assert verdicts[0] is False and verdicts[-1] is True  # only once a window has passed
+        # events written meanwhile: a test finished, so the file is not stuck
+        assert not any(_watched(tmp_path, window=1.5, write_events=True))
+    finally:
+        waiting.kill()
+    busy_dir = tmp_path / "busy"
+    busy_dir.mkdir()
+    # a rank at work (a long GEMM) writes no event either, but uses CPU
+    busy = _session_leader(busy_dir, "while True: pass")
+    try:
+        assert not any(_watched(busy_dir, window=1.5))
+    finally:
+        busy.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_cpu_is_counted_over_the_ranks_whole_sessions(tmp_path):
+    # the rank waits, a process it started (a data worker) computes: the file is not stuck
+    rank = _session_leader(tmp_path, "import subprocess, sys, time\n"
+                           "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                           "time.sleep(60)")
+    try:
+        time.sleep(0.5)
+        before = conformance.session_cpu_seconds({rank.pid})
+        time.sleep(1.0)
+        # its child's CPU is counted (a share of a core, whatever else the machine runs)
+        assert conformance.session_cpu_seconds({rank.pid}) - before > 0.05
+        assert not any(_watched(tmp_path, window=1.5))
+    finally:
+        os.killpg(rank.pid, 9)
+
+
+def test_a_deselect_entry_without_parameters_covers_every_case_of_the_test():
+    table = {f"{F}::test_pp": ("deselected", "needs mamba-ssm"),
+             f"{F}::test_pp[pp4]": ("deselected", "this case's own reason")}
+    assert conformance.listed(table, f"{F}::test_pp[pp2]") == ("deselected", "needs mamba-ssm")
+    assert conformance.listed(table, f"{F}::test_pp[pp4]")[1] == "this case's own reason"
+    assert conformance.listed(table, f"{F}::test_other") is None
+    events = {0: [{"event": "deselected", "nodeids": [f"{F}::test_pp[pp2]", f"{F}::test_pp[a]"]}]}
+    records = conformance.deselected_records(events, table)
+    assert set(records) == {f"{F}::test_pp[pp2]", f"{F}::test_pp[a]"}
+    assert records[f"{F}::test_pp[a]"]["message"] == "needs mamba-ssm"
+
+
+DIVERGING_TESTS = '''
+import datetime
+import torch
+import torch.distributed as dist
+
+def test_before():
+    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=30))
+
+def test_diverges():
+    if dist.get_rank() == 0:
+        raise AssertionError("rank 0 leaves the collective")
+    dist.barrier()
+
+def test_after():
+    if dist.get_rank() == 0:  # waits for a message from rank 1, which waits in the barrier
+        dist.recv(torch.zeros(1), src=1)
+
+def test_never_reached():
+    pass
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_file_whose_ranks_deadlock_is_stopped_once_they_sit_idle(tmp_path, lm_path):
+    """Ranks that left a collective at different tests wait for each other for ever: the file
+    stops after the idle window, not at its timeout, with the test where they parted hung."""
+    test_file = tmp_path / "test_diverging.py"
+    test_file.write_text(DIVERGING_TESTS)
+    begin = time.monotonic()
+    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+                                  env_extra={}, stall=10)
+    assert time.monotonic() - begin < 300
+    assert result["status"] == "stalled: every rank idle for 10 s"
+    outcomes = {n.split("::")[1]: t["outcome"] for n, t in result["tests"].items()}
+    assert outcomes == {"test_before": "passed", "test_diverges": "hung", "test_after": "not run",
+                        "test_never_reached": "not run"}
+    assert result["tests"][next(n for n in result["tests"] if "diverges" in n)]["message"] == (
+        "ranks [0] failed it ([call] >           raise AssertionError(\"rank 0 leaves the "
+        "collective\") | AssertionError: rank 0 leaves the collective) while ranks [1] never "
+        "finished it (stalled: every rank idle for 10 s)")

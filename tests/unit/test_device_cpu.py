@@ -5,6 +5,8 @@ also checks that ``deactivate`` restores torch.
 """
 
 import ast
+import subprocess
+import sys
 import time
 
 import pytest
@@ -400,3 +402,52 @@ def test_cpu_initialization_draws_from_the_host_generator():
     proc = run_python(HOST_RNG_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+UNEVEN_GATHER = """
+import sys
+import megatron_musa_patch
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+rank = int(sys.argv[2])
+dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
+# rank 0 holds 3 elements, rank 1 five (Megatron-FSDP's uneven shards, flattened)
+mine = torch.arange(3.0) if rank == 0 else torch.arange(10.0, 15.0)
+outputs = [torch.full((3,), -1.0), torch.full((5,), -1.0)]
+try:
+    distributed_c10d.all_gather.__wrapped__(outputs, mine)
+except RuntimeError as error:
+    print("torch's own:", str(error).splitlines()[0])
+dist.all_gather(outputs, mine)
+print("gathered", [o.tolist() for o in outputs])
+# 2-D shards of different rows, asynchronously
+mine = torch.ones(1, 2) * (rank + 1) if rank == 0 else torch.ones(2, 2) * (rank + 1)
+outputs = [torch.zeros(1, 2), torch.zeros(2, 2)]
+work = dist.all_gather(outputs, mine, async_op=True)
+work.wait()
+print("async", [o.tolist() for o in outputs])
+# outputs of the input's shape take torch's own path
+outputs = [torch.zeros(2), torch.zeros(2)]
+dist.all_gather(outputs, torch.full((2,), float(rank)))
+print("even", [o.tolist() for o in outputs])
+dist.destroy_process_group()
+"""
+
+
+def test_all_gather_takes_shards_of_different_sizes_as_nccl_does(tmp_path):
+    """NCCL gathers outputs of different sizes (Megatron-FSDP's ``uneven_dtensor_to_full_
+    tensor``); gloo refuses any output unlike the input (shown on torch's own function)."""
+    env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
+    ranks = [subprocess.Popen([sys.executable, "-c", UNEVEN_GATHER, str(tmp_path / "store"),
+                               str(rank)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    for rank, (out, err) in zip(ranks, outputs):
+        assert rank.returncode == 0, err[-3000:]
+        lines = out.splitlines()
+        assert lines[0].startswith("torch's own: ProcessGroupGloo::allgather: invalid tensor size")
+        assert lines[1:] == ["gathered [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0, 13.0, 14.0]]",
+                             "async [[[1.0, 1.0]], [[2.0, 2.0], [2.0, 2.0]]]",
+                             "even [[0.0, 0.0], [1.0, 1.0]]"]

@@ -6,6 +6,8 @@ and its own record in ``mmp doctor``:
 * ``checkpoint_without_output_fp8`` -- ``CheckpointWithoutOutput`` takes its fp8 branch without TE;
 * ``moe_te_general_gemm`` -- ``moe_utils`` tests a name it defines only with TE;
 * ``te_version`` -- ``is_te_min_version`` compares ``None`` with a version without TE;
+* ``adam_step_after_init_state`` -- torch's Adam refuses to step moments that megatron-core's
+  ``init_state_fn`` filled before any step (it makes no ``step``), which the fused ones take;
 * ``distopt_step_counters`` -- the distributed optimizer's per-parameter ``step`` without
   Apex/TE, around checkpoint loads;
 * ``distopt_load_no_grad`` -- loading fp32 distributed-optimizer state into views of
@@ -28,12 +30,12 @@ and its own record in ``mmp doctor``:
 Each module's docstring says what upstream does and what the fix changes.
 """
 
-from . import (checkpoint_without_output_fp8, distopt_load_no_grad, distopt_step_counters,
-               expert_bias_out_of_place, experts_reduced_over_expert_dp, log_loss_reset,
-               moe_te_general_gemm, optimizer_lr_unset, optimizer_step_on_load, te_version,
-               vision_norm_without_te, writer_metadata_path)
+from . import (adam_step_after_init_state, checkpoint_without_output_fp8, distopt_load_no_grad,
+               distopt_step_counters, expert_bias_out_of_place, experts_reduced_over_expert_dp,
+               log_loss_reset, moe_te_general_gemm, optimizer_lr_unset, optimizer_step_on_load,
+               te_version, vision_norm_without_te, writer_metadata_path)
 
 PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
            distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
-           log_loss_reset, optimizer_lr_unset, optimizer_step_on_load, vision_norm_without_te,
-           writer_metadata_path)
+           log_loss_reset, optimizer_lr_unset, optimizer_step_on_load, adam_step_after_init_state,
+           vision_norm_without_te, writer_metadata_path)
