@@ -144,9 +144,12 @@ setup(
         # (benchmarks/conformance.py runs those tests through the layer)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock"],
         # the rest of upstream's own test dependencies that its tests/unit_tests import
-        # (pyproject.toml's `test` group): for benchmarks/conformance.py --set all
+        # (pyproject.toml's `test` group, and of its `training` extra wandb, which
+        # megatron/rl/rl_utils.py imports, and omegaconf, which megatron.training.config's
+        # YAML round trip needs): for benchmarks/conformance.py --set all
         "conformance": ["nltk", "pytest-asyncio", "mock", "msgpack", "absl-py", "pyzmq",
-                        "tensorboard", "nvtx", "emerging-optimizers; python_version >= '3.12'"],
+                        "tensorboard", "nvtx", "wandb", "omegaconf",
+                        "emerging-optimizers; python_version >= '3.12'"],
         # the MUSA row's torch mapping: Moore Threads' torchada, the release the layer's gap
         # records were measured against (device/adapter.py TESTED_VERSION). torch_musa itself
         # comes with the MUSA SDK, not from PyPI.

@@ -3,6 +3,12 @@
 Trains a tiny GPT for a few steps on 1 rank (the reference), then in each requested layout on
 2 ranks under torchrun, from the same initial weights and batches, and checks that the loss
 falls and that every layout's per-step loss matches the reference within a tolerance.
+
+The tolerance (5e-5 in fp32, about 1e-5 of the loss) is rounding, not a bug's margin: TP2 splits
+the row-parallel matmuls' and the vocab-parallel softmax's sums into per-rank partial sums, so its
+fp32 rounding differs from one rank's, and Adam's normalised update grows that difference over
+the steps (measured: 1.3e-5 by step 4 on a 2-core AVX-512 Xeon, torch 2.13.0). A wrong layout
+(a missing all-reduce, a misplaced shard) is off by 1e-2 and more from the first step.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def parse(argv):
                    help="tiny GPT variant: dense (GQA, SwiGLU, RoPE), moe (4 experts, top-2, "
                         "shared expert), mla, deepseek (MLA + MoE); ep2 layouts need MoE")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--tolerance", type=float, default=1e-5,
+    p.add_argument("--tolerance", type=float, default=5e-5,
                    help="largest allowed |loss - reference loss| per step (fp32)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--keep", help="keep the run directory here (default: a temporary one)")

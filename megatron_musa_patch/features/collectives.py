@@ -15,7 +15,10 @@ it completes (each ``isend`` owns a copy), ``all_gather_into_tensor`` /
 ``reduce_scatter_tensor`` want the large tensor in dim-0 chunks of the small one's shape (they
 get views of the same storage that are), and ``all_gather`` wants every output of the input's
 shape, where NCCL gathers shards of different sizes (Megatron-FSDP's uneven DTensors: gathered
-through buffers padded to the largest shard, then copied out).
+through buffers padded to the largest shard, then copied out). torch's autograd ``all_to_all``
+takes a gloo-only path, a loop of scatters that names each source by its rank in the group as if
+it were a global rank (so it works on the world group only) and wants one shape for everything a
+rank sends; the record sends and receives per peer instead.
 """
 
 from __future__ import annotations
@@ -78,6 +81,15 @@ def mmp_register_patches(session, registry, device):
                        devices=frozenset({"cpu"}), strict=True, rebind=("torch.distributed",),
                        why="gloo wants every output of the input's shape; NCCL gathers shards "
                            "of different sizes (Megatron-FSDP's uneven DTensors)"))
+    registry.add(Patch("collectives.autograd_all_to_all",
+                       "torch.distributed.nn.functional:_AlltoAll.forward", "wrap",
+                       _all_to_all_point_to_point, FEATURE, devices=frozenset({"cpu"}),
+                       strict=True,
+                       why="torch's autograd all_to_all on gloo is a loop of scatters that names "
+                           "each source by its group rank as if it were a global rank (wrong on "
+                           "any group but the world) and needs one shape for all a rank sends; "
+                           "NCCL takes any group and sizes (Megatron's dynamic-resolution "
+                           "context-parallel gather)"))
 
 
 def _over_torch(name, wrapper):
@@ -169,6 +181,29 @@ def _gather_uneven_as_gloo(wrapped, instance, args, kwargs):
     for output, buffer in zip(outputs, buffers):
         output.copy_(buffer[:output.numel()].view(output.shape))
     return _completed_work() if async_op else None
+
+
+def _all_to_all_point_to_point(wrapped, instance, args, kwargs):
+    """``_AlltoAll.forward(ctx, group, outputs, *inputs)`` on gloo: a send and a receive per
+    peer, addressed by group rank, so that any group and any sizes go through as on NCCL."""
+    import torch.distributed as dist
+
+    ctx, group, outputs, *inputs = args
+    if dist.get_backend(group) != dist.Backend.GLOO:
+        return wrapped(*args, **kwargs)
+    size, mine = dist.get_world_size(group), dist.get_rank(group)
+    ctx.group = group
+    ctx.input_tensor_size_list = [inputs[i].size() for i in range(size)]
+    works = []
+    for peer in range(size):
+        if peer == mine:
+            outputs[peer].copy_(inputs[peer])
+            continue
+        works.append(dist.isend(inputs[peer].contiguous(), group=group, group_dst=peer))
+        works.append(dist.irecv(outputs[peer], group=group, group_src=peer))
+    for work in works:
+        work.wait()
+    return tuple(outputs)
 
 
 def _completed_work():

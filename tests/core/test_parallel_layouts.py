@@ -10,7 +10,7 @@ import pytest
 
 from ..conftest import run_python, subprocess_env
 
-TOLERANCE = 1e-5
+TOLERANCE = 5e-5  # the selftest's default: fp32 rounding of split sums, see its docstring
 LAYOUTS = ["tp2", "pp2", "vpp2", "dp2", "dp2-distopt"]
 
 

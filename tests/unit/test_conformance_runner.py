@@ -400,3 +400,43 @@ def test_a_file_whose_ranks_deadlock_is_stopped_once_they_sit_idle(tmp_path, lm_
         "ranks [0] failed it ([call] >           raise AssertionError(\"rank 0 leaves the "
         "collective\") | AssertionError: rank 0 leaves the collective) while ranks [1] never "
         "finished it (stalled: every rank idle for 10 s)")
+
+
+OUT_OF_STEP_TESTS = '''
+import os
+import time
+import pytest
+
+RANK = int(os.environ["RANK"])
+
+# two ids for one parameter set: a collection error of the class (as upstream's classes
+# parametrised with TE's stand-ins, which pytest cannot name)
+@pytest.mark.parametrize("value", [1], ids=["a", "b"])
+class TestUncollectable:
+    def test_never(self, value):
+        pass
+
+def test_fails_on_rank_0():
+    assert RANK != 0
+
+def test_later_on_rank_1():
+    if RANK == 1:  # rank 0 is through the file and has exited by now
+        time.sleep(15)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_out_of_step_all_finish_and_a_collection_error_stops_only_its_class(tmp_path,
+                                                                                   lm_path):
+    """Without a process group ranks do not run in step: one that gets through the file first
+    with a failure must not make torchrun stop the others; and a class pytest cannot collect is
+    one failure, not the end of the file."""
+    test_file = tmp_path / "test_out_of_step.py"
+    test_file.write_text(OUT_OF_STEP_TESTS)
+    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+                                  env_extra={}, stall=60)
+    assert result["status"] == "finished", result["output_tail"]
+    outcomes = {n.split("::", 1)[1]: t["outcome"] for n, t in result["tests"].items()}
+    assert outcomes["test_fails_on_rank_0"] == "failed"
+    assert outcomes["test_later_on_rank_1"] == "passed", result["tests"]
+    assert [o for n, o in outcomes.items() if "Uncollectable" in n] == ["failed"], outcomes

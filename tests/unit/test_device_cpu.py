@@ -451,3 +451,58 @@ def test_all_gather_takes_shards_of_different_sizes_as_nccl_does(tmp_path):
         assert lines[1:] == ["gathered [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0, 13.0, 14.0]]",
                              "async [[[1.0, 1.0]], [[2.0, 2.0], [2.0, 2.0]]]",
                              "even [[0.0, 0.0], [1.0, 1.0]]"]
+
+
+SUBGROUP_ALL_TO_ALL = """
+import sys, types
+import megatron_musa_patch
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as F
+
+rank = int(sys.argv[2])
+dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=rank, world_size=4)
+groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+group = groups[rank % 2]
+mine = dist.get_rank(group)
+try:  # torch's own gloo path names the sources as global ranks 0 and 1
+    F._AlltoAll.forward.__wrapped__(types.SimpleNamespace(), group, [torch.zeros(1)] * 2,
+                                    torch.zeros(1), torch.zeros(1))
+    print("torch's own: ran")
+except ValueError as error:
+    print("torch's own:", str(error).split(" is not")[0])
+# to group rank j: (rank + 1) * 10 + j; each rank sends mine + 1 rows (sizes differ by sender,
+# as in Megatron's dynamic-resolution gather)
+inputs = [torch.full((mine + 1, 2), (rank + 1) * 10.0 + j, requires_grad=True) for j in range(2)]
+outputs = [torch.empty(i + 1, 2) for i in range(2)]
+received = F.all_to_all(outputs, inputs, group=group)
+print("received", [t[:, 0].tolist() for t in received])
+sum((t * (2 * mine + i + 1)).sum() for i, t in enumerate(received)).backward()
+print("grads", [t.grad[:, 0].tolist() for t in inputs])
+dist.destroy_process_group()
+"""
+
+
+def test_autograd_all_to_all_works_on_a_subgroup_as_on_nccl(tmp_path):
+    """torch's autograd ``all_to_all`` on gloo scatters from ``src=i`` (a global rank) where i is
+    a rank of the group, so on groups other than the world it names ranks outside the group, and
+    its backward sends tensors of different sizes, which gloo's scatter refuses (Megatron's
+    ``gather_from_context_parallel_ranks_dynamic_res``); through the layer both go through, forward
+    and backward."""
+    env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
+    ranks = [subprocess.Popen([sys.executable, "-c", SUBGROUP_ALL_TO_ALL, str(tmp_path / "store"),
+                               str(rank)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(4)]
+    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    for rank, (proc, (out, err)) in enumerate(zip(ranks, outputs)):
+        assert proc.returncode == 0, err[-3000:]
+        lines = out.splitlines()
+        members = (0, 2) if rank % 2 == 0 else (1, 3)
+        mine = members.index(rank)
+        # rank 0's group is [0, 2]: torch's own loop asks for global rank 1 as the second source
+        assert lines[0] == ("torch's own: Global rank 1" if rank % 2 == 0 else
+                            "torch's own: Global rank 0"), lines[0]
+        expected = [[(src + 1) * 10.0 + mine] * (i + 1) for i, src in enumerate(members)]
+        assert lines[1] == f"received {expected}"
+        # group rank j scales what it received from me by 2 j + mine + 1 in the loss
+        assert lines[2] == f"grads {[[float(2 * j + mine + 1)] * (mine + 1) for j in range(2)]}"

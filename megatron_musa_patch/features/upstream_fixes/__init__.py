@@ -3,6 +3,8 @@ included). Each fix is its own plugin, named ``upstream_fixes.<fix>``, with its 
 (``MEGATRON_MUSA_PATCH_DISABLE=upstream_fixes.<fix>``; ``upstream_fixes`` means all of them)
 and its own record in ``mmp doctor``:
 
+* ``activation_logging_without_te`` -- activation logging hands ``isinstance`` TE's layer
+  "classes", which are ``MagicMock`` instances without TE;
 * ``checkpoint_without_output_fp8`` -- ``CheckpointWithoutOutput`` takes its fp8 branch without TE;
 * ``moe_te_general_gemm`` -- ``moe_utils`` tests a name it defines only with TE;
 * ``te_version`` -- ``is_te_min_version`` compares ``None`` with a version without TE;
@@ -30,7 +32,8 @@ and its own record in ``mmp doctor``:
 Each module's docstring says what upstream does and what the fix changes.
 """
 
-from . import (adam_step_after_init_state, checkpoint_without_output_fp8, distopt_load_no_grad,
+from . import (activation_logging_without_te, adam_step_after_init_state,
+               checkpoint_without_output_fp8, distopt_load_no_grad,
                distopt_step_counters, expert_bias_out_of_place, experts_reduced_over_expert_dp,
                log_loss_reset, moe_te_general_gemm, optimizer_lr_unset, optimizer_step_on_load,
                te_version, vision_norm_without_te, writer_metadata_path)
@@ -38,4 +41,4 @@ from . import (adam_step_after_init_state, checkpoint_without_output_fp8, distop
 PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
            distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
            log_loss_reset, optimizer_lr_unset, optimizer_step_on_load, adam_step_after_init_state,
-           vision_norm_without_te, writer_metadata_path)
+           vision_norm_without_te, writer_metadata_path, activation_logging_without_te)
