@@ -7,7 +7,7 @@ the attributes of a ``MagicMock`` standing in for ``transformer_engine``, so ``T
 its siblings are ``MagicMock`` instances, not classes, and every ``register_activation_hooks``
 / ``register_tpe_hooks`` call raises ``isinstance() arg 2 must be a type``: activation logging
 fails on every machine without TE (MUSA's included). The fix drops what is not a class from the
-types ``_register_hooks`` matches, which leaves exactly megatron-core's own layers without TE.
+types ``_register_hooks`` matches, which leaves torch's and megatron-core's own layer classes.
 """
 
 from __future__ import annotations
