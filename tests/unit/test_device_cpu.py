@@ -289,19 +289,23 @@ dist.destroy_process_group()
 """
 
 
+def run_ranks(script, argv_of_rank, env, count=2):
+    """One process of ``script`` per rank, all started before any is waited for (they meet in a
+    process group): ``[(returncode, stdout, stderr)]`` by rank."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *argv_of_rank(rank)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(count)]
+    outputs = [proc.communicate(timeout=240) for proc in procs]
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+
+
 @pytest.mark.parametrize("disable", ["", "lazy_gloo_groups"])
 def test_groups_connect_on_first_use_as_with_nccl(disable, tmp_path):
-    import subprocess
-    import sys
-
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
                          MEGATRON_MUSA_PATCH_DISABLE=disable or None)
-    ranks = [subprocess.Popen([sys.executable, "-c", LAZY_GROUP_SCRIPT, str(rank),
-                               str(tmp_path / "store")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    outputs = [rank.communicate(timeout=240) for rank in ranks]
-    assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outputs]
-    answers = [out.strip().splitlines()[-1] for out, _ in outputs]
+    ranks = run_ranks(LAZY_GROUP_SCRIPT, lambda rank: (str(rank), str(tmp_path / "store")), env)
+    assert all(code == 0 for code, _, _ in ranks), [err[-2000:] for _, _, err in ranks]
+    answers = [out.strip().splitlines()[-1] for _, out, _ in ranks]
     # rank 1 sees whether rank 0's new_group returned before rank 1 made the group
     assert answers[1] == ("eager 3.0" if disable else "lazy 3.0"), answers
     assert answers[0] == "made 3.0"
@@ -440,12 +444,9 @@ def test_all_gather_takes_shards_of_different_sizes_as_nccl_does(tmp_path):
     """NCCL gathers outputs of different sizes (Megatron-FSDP's ``uneven_dtensor_to_full_
     tensor``); gloo refuses any output unlike the input (shown on torch's own function)."""
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
-    ranks = [subprocess.Popen([sys.executable, "-c", UNEVEN_GATHER, str(tmp_path / "store"),
-                               str(rank)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    outputs = [rank.communicate(timeout=240) for rank in ranks]
-    for rank, (out, err) in zip(ranks, outputs):
-        assert rank.returncode == 0, err[-3000:]
+    for code, out, err in run_ranks(UNEVEN_GATHER, lambda rank: (str(tmp_path / "store"),
+                                                                 str(rank)), env):
+        assert code == 0, err[-3000:]
         lines = out.splitlines()
         assert lines[0].startswith("torch's own: ProcessGroupGloo::allgather: invalid tensor size")
         assert lines[1:] == ["gathered [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0, 13.0, 14.0]]",
@@ -490,12 +491,10 @@ def test_autograd_all_to_all_works_on_a_subgroup_as_on_nccl(tmp_path):
     ``gather_from_context_parallel_ranks_dynamic_res``); through the layer both go through, forward
     and backward."""
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
-    ranks = [subprocess.Popen([sys.executable, "-c", SUBGROUP_ALL_TO_ALL, str(tmp_path / "store"),
-                               str(rank)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in range(4)]
-    outputs = [rank.communicate(timeout=240) for rank in ranks]
-    for rank, (proc, (out, err)) in enumerate(zip(ranks, outputs)):
-        assert proc.returncode == 0, err[-3000:]
+    ranks = run_ranks(SUBGROUP_ALL_TO_ALL, lambda rank: (str(tmp_path / "store"), str(rank)), env,
+                      count=4)
+    for rank, (code, out, err) in enumerate(ranks):
+        assert code == 0, err[-3000:]
         lines = out.splitlines()
         members = (0, 2) if rank % 2 == 0 else (1, 3)
         mine = members.index(rank)
