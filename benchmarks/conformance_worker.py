@@ -1,4 +1,5 @@
-"""One rank of a conformance run (benchmarks/conformance.py starts N of these with torchrun).
+"""One rank of a conformance run (benchmarks/conformance.py starts N of these with torchrun, or
+conformance_launch.py forks them).
 
 Runs pytest on the given upstream test file(s) and writes what happens as it happens, one JSON
 line per event into ``$MMP_CONFORMANCE_OUT/rank<RANK>.jsonl``: what was collected, each test as it
@@ -72,10 +73,13 @@ def _message(report) -> str:
     return " | ".join(caller + source + [lines[i][1:].strip() for i in errors[-6:]])
 
 
-def main():
+def main(argv=None) -> int:
+    """pytest on ``argv`` (default: the command line's); the rank's exit code."""
+    argv = sys.argv[1:] if argv is None else argv
     out = os.environ["MMP_CONFORMANCE_OUT"]
     rank = os.environ.get("RANK", "0")
-    # torchrun starts each rank in a session of its own: the runner kills them by these pids
+    # torchrun and conformance_launch.py start each rank in a session of its own: the runner
+    # kills them by these pids
     with open(os.path.join(out, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
     recorder = Recorder(os.path.join(out, f"rank{rank}.jsonl"))
@@ -86,14 +90,14 @@ def main():
     # A class whose parameters fail to build (TE's classes without TE are MagicMocks) is a
     # collection error: reported as its own failure, the rest of the file still runs.
     args = ["-o", "addopts=", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-            f"--basetemp={os.path.join(out, f'pytest-rank{rank}')}", *sys.argv[1:]]
+            f"--basetemp={os.path.join(out, f'pytest-rank{rank}')}", *argv]
     code = pytest.main(args, plugins=[recorder])
     # torchrun stops every rank once one exits non-zero: a rank that got through the file first
     # with failed tests (1) would cut short its peers' tests where the ranks do not run in step
     # (files without a process group). The outcomes are in the events; errors (2-4) still stop.
-    sys.exit(0 if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED,
-                           pytest.ExitCode.NO_TESTS_COLLECTED) else int(code))
+    return 0 if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED,
+                         pytest.ExitCode.NO_TESTS_COLLECTED) else int(code)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -31,7 +31,9 @@ import torch
 
 from ..errors import unsupported_stand_in
 
-_state = SimpleNamespace(index=int(os.environ.get("LOCAL_RANK", "0") or 0), initial_seed=None)
+# index None: the local rank, read when asked (a launcher that forks its ranks from one
+# process sets LOCAL_RANK after the layer is imported)
+_state = SimpleNamespace(index=None, initial_seed=None)
 
 # ---------------------------------------------------------------------------- device queries
 
@@ -57,6 +59,8 @@ def device_count() -> int:
 
 
 def current_device() -> int:
+    if _state.index is None:
+        return int(os.environ.get("LOCAL_RANK", "0") or 0)
     return _state.index
 
 

@@ -136,6 +136,27 @@ def test_an_update_replaces_only_the_files_it_ran():
         conformance.updated(stored, {**run, "release": {**release, "tag": "core_v0.19.0"}})
 
 
+def test_the_page_names_each_files_machine_and_launcher(tmp_path):
+    """Files of one release run on different machines, or with their ranks forked, in separate
+    passes: the page says which, so a time is never read against the wrong machine."""
+    def result(name, **setup):
+        return {"file": name, "status": "finished", "seconds": 1.0,
+                "tests": {f"{name}::t": {"outcome": "passed", "message": "", "seconds": 0.5}},
+                **setup}
+    release = {"megatron_core": "0.17.1", "tag": "core_v0.17.1"}
+    stored = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-11-30",
+              "machine": "machine: Intel", "files": [result("a"), result("b")]}
+    run = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-12-02",
+           "machine": "machine: AMD",
+           "files": [result("c", launcher="fork", machine="machine: AMD")]}
+    merged = conformance.updated(stored, run)
+    assert [f["machine"] for f in merged["files"]] == ["machine: Intel"] * 2 + ["machine: AMD"]
+    (tmp_path / "core_v0.17.1.json").write_text(json.dumps(merged))
+    page = conformance.render(tmp_path)
+    assert ("machine: AMD, ranks forked from one process (conformance_launch.py) (1 file); "
+            "machine: Intel, ranks started by torchrun (2 files); 8 ranks") in page
+
+
 def test_a_failure_message_keeps_the_source_line_that_raised():
     class Report:
         longrepr = ("tests/x.py:64: in setup_method\n    build()\n"
@@ -440,3 +461,81 @@ def test_ranks_out_of_step_all_finish_and_a_collection_error_stops_only_its_clas
     assert outcomes["test_fails_on_rank_0"] == "failed"
     assert outcomes["test_later_on_rank_1"] == "passed", result["tests"]
     assert [o for n, o in outcomes.items() if "Uncollectable" in n] == ["failed"], outcomes
+
+
+FORKED_RANK_TESTS = '''
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed import rendezvous
+
+RANK = int(os.environ["RANK"])
+
+
+def test_a_rank_has_what_torchrun_gives_it():
+    assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == "2"
+    assert os.environ["LOCAL_RANK"] == str(RANK)
+    assert torch.cuda.current_device() == RANK  # the layer's device: the local rank
+    assert os.getsid(0) == os.getpid()  # a session of its own: the runner stops it by that
+
+
+def test_the_store_outlives_the_rank_that_leaves_first():
+    # upstream's Utils joins MASTER_ADDR:MASTER_PORT through a tcp:// rendezvous
+    url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    store, _, _ = next(rendezvous(url, RANK, 2, timeout=datetime.timedelta(minutes=1)))
+    store.set(f"joined{RANK}", "1")
+    store.wait(["joined0", "joined1"])
+    if RANK == 1:
+        time.sleep(3)  # rank 0 is through the file and has exited by now
+        assert store.add("late", 1) == 1
+
+
+def test_a_group_on_the_store():
+    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=1))
+    total = torch.ones(1, device="cuda") * (RANK + 1)
+    dist.all_reduce(total)
+    assert total.item() == 3
+'''
+
+KILLED_RANK_TESTS = '''
+import os
+import signal
+import time
+
+
+def test_rank_1_is_killed():
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)  # rank 0: stopped with the others once rank 1 is gone
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks; reads /proc")
+def test_forked_ranks_have_torchruns_environment_store_and_group(tmp_path, lm_path):
+    test_file = tmp_path / "test_forked.py"
+    test_file.write_text(FORKED_RANK_TESTS)
+    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+                                  env_extra={}, stall=60, launcher="fork")
+    assert result["status"] == "finished", result["output_tail"]
+    assert result["launcher"] == "fork"
+    outcomes = {n.split("::", 1)[1]: t["outcome"] for n, t in result["tests"].items()}
+    assert outcomes == dict.fromkeys(["test_a_rank_has_what_torchrun_gives_it",
+                                      "test_the_store_outlives_the_rank_that_leaves_first",
+                                      "test_a_group_on_the_store"], "passed"), result["tests"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks; reads /proc")
+@pytest.mark.parametrize("launcher", conformance.LAUNCHERS)
+def test_a_killed_rank_stops_the_file_and_is_named_as_under_torchrun(tmp_path, lm_path,
+                                                                      launcher):
+    test_file = tmp_path / "test_killed.py"
+    test_file.write_text(KILLED_RANK_TESTS)
+    begin = time.monotonic()
+    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+                                  env_extra={}, stall=300, launcher=launcher)
+    assert time.monotonic() - begin < 110  # not rank 0's two minutes: it was stopped
+    assert result["status"] == "rank killed (signal 9)", result["output_tail"]
+    assert result["returncode"] != 0

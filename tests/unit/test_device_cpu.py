@@ -45,6 +45,18 @@ def test_device_queries(cpu_layer):
     assert torch.cuda.get_device_capability() == (0, 0)
 
 
+def test_the_device_is_the_local_rank_set_after_activation():
+    """A launcher that forks its ranks from one process sets LOCAL_RANK after the layer is
+    active: each rank's device is still its own, until set_device says otherwise."""
+    code = ("import os, megatron_musa_patch, torch; megatron_musa_patch.activate(); "
+            "os.environ['LOCAL_RANK'] = '3'; print(torch.cuda.current_device()); "
+            "torch.cuda.set_device(1); print(torch.cuda.current_device())")
+    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
+                                               LOCAL_WORLD_SIZE="4"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["3", "1"]
+
+
 @pytest.mark.parametrize("spec", ["cuda", "cuda:1", 0, 1])
 def test_factories_and_moves_land_on_cpu(cpu_layer, spec):
     device = spec if isinstance(spec, int) else torch.device(spec)

@@ -4,6 +4,8 @@ logger hooks megatron-core's layers and records their outputs (0.18+)."""
 import pytest
 from packaging.version import Version
 
+from megatron_musa_patch.conditions import te_installed
+
 from ..conftest import run_on_one_cpu_rank
 
 PROBE = """
@@ -28,14 +30,8 @@ def _before_0_18():
     return versions.megatron_core_version() < Version("0.18")
 
 
-def _te_installed():
-    from megatron_musa_patch.conditions import te_installed
-
-    return te_installed()
-
-
 pytestmark = [
-    pytest.mark.skipif(_te_installed(), reason="TE is installed: its layer classes are real"),
+    pytest.mark.skipif(te_installed(), reason="TE is installed: its layer classes are real"),
     pytest.mark.skipif(_before_0_18(),
                        reason="megatron.training.activation_logging arrives in megatron-core 0.18"),
 ]

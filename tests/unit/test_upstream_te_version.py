@@ -2,6 +2,8 @@
 
 import pytest
 
+from megatron_musa_patch.conditions import te_installed
+
 from ..conftest import run_python, subprocess_env
 
 #: the readers upstream's code and its unit tests use: the helper itself, is_te_min_version (the
@@ -19,20 +21,14 @@ OptimizerConfig(use_precision_aware_optimizer=True, use_distributed_optimizer=Tr
 """
 
 
-def _te_installed():
-    from megatron_musa_patch.conditions import te_installed
-
-    return te_installed()
-
-
-@pytest.mark.skipif(_te_installed(), reason="TransformerEngine is installed: nothing to fix")
+@pytest.mark.skipif(te_installed(), reason="TransformerEngine is installed: nothing to fix")
 def test_every_reader_answers_no_te():
     proc = run_python(PROBE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-4:] == ["False", "False", "True", "True"]
 
 
-@pytest.mark.skipif(_te_installed(), reason="TransformerEngine is installed: nothing to fix")
+@pytest.mark.skipif(te_installed(), reason="TransformerEngine is installed: nothing to fix")
 def test_without_the_fix_upstream_0_16_raises():
     """The probe is what the fix makes pass: switched off on a release before upstream's own fix,
     the helper compares None with a version."""

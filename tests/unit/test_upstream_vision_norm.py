@@ -3,6 +3,8 @@ norms follow config.normalization, and a forward pass runs."""
 
 import pytest
 
+from megatron_musa_patch.conditions import te_installed
+
 from ..conftest import run_on_one_cpu_rank
 
 PROBE = """
@@ -29,13 +31,7 @@ for normalization in ("LayerNorm", "RMSNorm"):
 """
 
 
-def _te_installed():
-    from megatron_musa_patch.conditions import te_installed
-
-    return te_installed()
-
-
-pytestmark = pytest.mark.skipif(_te_installed(), reason="TE is installed: TENorm is the default")
+pytestmark = pytest.mark.skipif(te_installed(), reason="TE is installed: TENorm is the default")
 
 
 
