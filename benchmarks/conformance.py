@@ -831,7 +831,7 @@ def main(argv=None) -> int:
     parser.add_argument("--launcher", choices=LAUNCHERS, default="torchrun",
                         help="how the ranks start: torchrun, or forked from one process that "
                              "has imported megatron-core (a file's start-up in seconds, not a "
-                             "minute, on a small machine; CPU and CUDA rows)")
+                             "minute, on a small machine; the CPU row only)")
     parser.add_argument("--set", choices=("default", "ci", "all"), default="default",
                         help="the issue's files, CI's slice, or every test_*.py of the tree")
     parser.add_argument("--results", type=Path, default=REPO / "docs" / "conformance")

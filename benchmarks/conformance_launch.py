@@ -14,8 +14,9 @@ What torchrun gives a rank, it gives too: the environment (RANK, LOCAL_RANK, WOR
 MASTER_ADDR/PORT), a store the ranks only join (this process hosts it, as torchrun's agent
 does, so a rank that finishes first does not take it away from the others), a session of its
 own per rank, and the stop of every rank once one exits non-zero, with each rank's exit code
-printed as torchrun prints it (``exitcode : -9``). Only for the CPU and CUDA rows: on MUSA,
-torchada must be imported before torch, in each rank.
+printed as torchrun prints it (``exitcode : -9``). Only for the CPU row: a GPU runtime that an
+import initialised does not survive a fork (CUDA's cannot be initialised again in a forked
+child), and nothing here has checked that importing megatron-core leaves MUSA's or CUDA's alone.
 
     python conformance_launch.py --nproc 8 -- tests/unit_tests/test_x.py [pytest args]
 """
@@ -145,15 +146,18 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    if os.environ.get("MEGATRON_MUSA_PATCH_DEVICE", "").strip().lower() == "musa":
-        print("conformance_launch: the MUSA row imports torchada before torch in each rank; "
-              "start its ranks with torchrun (conformance.py --launcher torchrun)",
-              file=sys.stderr)
-        return 2
     sizes = sizes_env(args.nproc)
     if any(os.environ.get(k) != v for k, v in sizes.items()):  # started without them: again
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv],
                   {**os.environ, **sizes})
+    import megatron_musa_patch
+
+    device = megatron_musa_patch.activate().device.name  # the start-up hook's session
+    if device != "cpu":
+        print(f"conformance_launch: the layer chose the {device} row; forked ranks are for the "
+              f"CPU row only (a GPU runtime does not survive a fork): use --launcher torchrun",
+              file=sys.stderr)
+        return 2
     preload()
     threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
     if threads > 1:  # a fork copies one thread: a lock another one held would stay held
