@@ -109,7 +109,9 @@ OFF_CUDA = (
     (r"len\(\w*_kernels\)",  # profiler_utils.collect_linked_kernels: ProfilerActivity.CUDA
      "counts the CUDA kernels torch's profiler links to an operation (a CPU run has none)"),
     (r"flash_attn|FlashAttention", "needs flash-attn"),
-    (r"_nccl_version|nccl_allocator\.so", "needs NCCL (the allocator tests ask torch's CUDA build for its version)"),
+    (r"_nccl_version|nccl_allocator\.so|Unknown CUDA arch \(0\.0",
+     "needs NCCL (the allocator tests ask torch's CUDA build for its version, and the GPU's "
+     "architecture)"),
     (r"No module named '(triton|mamba_ssm|causal_conv1d)'|needs Megatron's triton kernels"
      r"|MambaSSM is not installed"
      # Triton's launcher looks for the CUDA driver (torch's CUDA build brings Triton along)
