@@ -8,6 +8,8 @@
 # it is not in the test extra. Safe to re-run.
 #   bash scripts/bootstrap.sh                          # .venv: Python 3, megatron-core the newest pip allows
 #   PYTHON=python3.12 VENV=.venv312 MEGATRON_CORE_VERSION=0.19.2 bash scripts/bootstrap.sh
+#   PINS_ONLY=1 ... bash scripts/bootstrap.sh          # only the venv and the pins (no build of
+#                                                      # this checkout): safe beside another run
 # MEGATRON_CORE_VERSION is pinned in the same pip run, so the package's requirement (every
 # supported release) keeps it. On Python 3.11 pip's newest megatron-core is 0.16.1; 0.17+ needs
 # Python 3.12.
@@ -26,6 +28,11 @@ fi
 pins=("torch==${torch_version}")
 if [ -n "${MEGATRON_CORE_VERSION:-}" ]; then
   pins+=("megatron-core==${MEGATRON_CORE_VERSION}")
+fi
+if [ -n "${PINS_ONLY:-}" ]; then  # the bulk of the download (torch is 5 GB on Python 3.12)
+  "$venv/bin/python" -m pip install --quiet "${pins[@]}"
+  echo "bootstrap ($venv): pins installed: ${pins[*]}"
+  exit 0
 fi
 # one pip run for the pins and the package: one resolution, one start-up
 "$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,test,musa]"

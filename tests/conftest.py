@@ -51,6 +51,18 @@ def run_on_one_cpu_rank(code, tmp_path, **env):
 STOCK_SUITE_ENV = "MMP_STOCK_SUITE"
 
 
+#: `-n auto`'s most workers: many tests start 2 ranks of about 1.5 GB each, so a worker per core
+#: of a large machine would oversubscribe its memory and cores for no gain
+MAX_AUTO_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the user's number, which xdist reads itself
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_AUTO_WORKERS))
+
+
 def pytest_collection_modifyitems(config, items):
     suite = os.environ.get(STOCK_SUITE_ENV, "all").strip().lower() or "all"
     if suite not in ("all", "ci"):
