@@ -223,6 +223,12 @@ KNOWN_CAUSES = (
      "state left by a test before it in the file that failed without its clean-up (upstream's "
      "tests reset the calculator only when they pass)",
      "not ours: see the first failure of the file"),
+    (r"Cannot use ReduceOp\.PREMUL_SUM with Gloo",
+     "megatron-fsdp's gradient_reduce_div_fusion (on by default for non-bf16 gradients) "
+     "reduces with torch.distributed._make_nccl_premul_sum, an op of NCCL's that gloo, the CPU "
+     "row's collectives, does not have; upstream's other branch (scale the gradients, then "
+     "SUM) is the same reduction",
+     "ours: a regression of fsdp_reduce_unfused, which takes that branch on the CPU row"),
     (r"Timed out|timed out|TimeoutError|DistStoreError|wait timeout",
      "a collective or store wait ran past upstream's 1-minute timeout while 8 ranks share the "
      "machine's cores", "not yet shown whether the layer adds to it"),

@@ -8,8 +8,8 @@ needs. A group (``fused_ops``, ``upstream_fixes``, ``checkpoint_safety``) is a p
 """
 
 from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, data_checks,
-               device_swap, flash_attention, fused_ops, lazy_gloo_groups, megatron_args,
-               mla_local, moe_balance_complementary, moe_balance_topk_norm, moe_device_balance,
+               device_swap, flash_attention, fsdp_reduce_unfused, fused_ops, lazy_gloo_groups,
+               megatron_args, mla_local, moe_balance_complementary, moe_balance_topk_norm, moe_device_balance,
                moe_fusion, mt_megatron, mtp_flags, recompute, recompute_mla_rms,
                recompute_mlp_rms, release_dropped_groups, te_absent, throughput,
                upstream_fixes)
@@ -18,7 +18,8 @@ from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, d
 # applied first: where two features wrap one upstream function, the earlier one here wraps on
 # the outside. recompute must stay before moe_fusion: its checkpoint of GroupedMLP.forward then
 # re-runs moe_fusion's wrapper (the bf16 assertion bypass) in backward too.
-BUILTIN = (device_swap, collectives, release_dropped_groups, lazy_gloo_groups, megatron_args,
+BUILTIN = (device_swap, collectives, release_dropped_groups, lazy_gloo_groups,
+           fsdp_reduce_unfused, megatron_args,
            cuda_free_startup, *upstream_fixes.PLUGINS,
            mla_local, mtp_flags, moe_device_balance, moe_balance_complementary,
            moe_balance_topk_norm, recompute, recompute_mla_rms, recompute_mlp_rms, throughput,
