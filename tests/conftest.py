@@ -60,7 +60,9 @@ MAX_AUTO_WORKERS = 4
 def pytest_xdist_auto_num_workers(config):
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # the user's number, which xdist reads itself
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_AUTO_WORKERS))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # not on macOS
+             else os.cpu_count() or 1)
+    return max(1, min(cores, MAX_AUTO_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

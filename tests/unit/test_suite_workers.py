@@ -13,6 +13,13 @@ def test_auto_is_one_worker_per_usable_core_capped(monkeypatch):
         assert conftest.pytest_xdist_auto_num_workers(None) == expected
 
 
+def test_without_affinity_the_cpu_count_is_used(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 3
+
+
 def test_the_users_number_is_left_to_xdist(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "7")
     assert conftest.pytest_xdist_auto_num_workers(None) is None
