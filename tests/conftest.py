@@ -46,6 +46,12 @@ def run_on_one_cpu_rank(code, tmp_path, **env):
                       env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
 
 
+def printed_lines(proc, prefixes):
+    """The lines a probe printed that start with one of ``prefixes``, once it exited cleanly."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if line.startswith(tuple(prefixes))]
+
+
 #: MMP_STOCK_SUITE=ci runs only the stock tests marked `ci` (the CI-sized subset); unset or
 #: `all`, every stock test runs when MEGATRON_LM_PATH is set
 STOCK_SUITE_ENV = "MMP_STOCK_SUITE"

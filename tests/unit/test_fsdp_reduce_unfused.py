@@ -2,7 +2,7 @@
 gradient_reduce_div_fusion) reduces with SUM after scaling, where upstream's PREMUL_SUM fails on
 gloo; the result is the scaled sum, and the caller's config keeps its setting."""
 
-from ..conftest import run_on_one_cpu_rank
+from ..conftest import printed_lines, run_on_one_cpu_rank
 
 #: one gloo rank: the reduce op megatron-fsdp picks for fp32 gradients scaled by 0.25, used in
 #: a reduce-scatter as its buffers use it
@@ -29,9 +29,7 @@ print("config fusion", config.gradient_reduce_div_fusion)
 
 
 def _lines(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in proc.stdout.splitlines()
-            if line.startswith(("reduced", "refused", "config"))]
+    return printed_lines(proc, ("reduced", "refused", "config"))
 
 
 def test_the_gradients_are_scaled_then_summed(tmp_path):

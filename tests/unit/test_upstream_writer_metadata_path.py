@@ -5,7 +5,7 @@
 import pytest
 from packaging.version import Version
 
-from ..conftest import run_on_one_cpu_rank
+from ..conftest import printed_lines, run_on_one_cpu_rank
 
 #: one gloo rank saves two sharded tensors (the second under the prefix, in files of its own),
 #: removes the prefixed one, then reads what the checkpoint still holds
@@ -48,9 +48,7 @@ pytestmark = pytest.mark.skipif(_needs_0_16(), reason="megatron-core 0.17 reads 
 
 
 def _lines(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in proc.stdout.splitlines()
-            if line.startswith(("before", "after", "refused"))]
+    return printed_lines(proc, ("before", "after", "refused"))
 
 
 def test_remove_sharded_tensors_drops_the_prefixed_tensors(tmp_path):
