@@ -353,6 +353,22 @@ def test_ranks_that_sit_idle_for_the_window_are_stalled_and_busy_ones_are_not(tm
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_idle_window_starts_when_the_ranks_do(tmp_path):
+    """The launcher's start-up (megatron-core imported before the fork: a minute or more on a
+    loaded 2-core machine) is not rank idleness: ranks that appear after a window of it have
+    a window of their own before they count as stalled."""
+    watch = conformance.IdleWatch(tmp_path, window=60)
+    assert watch.idle(0.0) is False  # launching: no rank yet
+    rank = _session_leader(tmp_path, "import time; time.sleep(60)")
+    try:
+        assert watch.idle(70.0) is False  # forked a moment ago, nothing collected yet
+        assert watch.idle(100.0) is False
+        assert watch.idle(135.0) is True  # a whole window since the ranks began, all asleep
+    finally:
+        rank.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_cpu_is_counted_over_the_ranks_whole_sessions(tmp_path):
     # the rank waits, a process it started (a data worker) computes: the file is not stuck
     rank = _session_leader(tmp_path, "import subprocess, sys, time\n"
@@ -539,3 +555,19 @@ def test_a_killed_rank_stops_the_file_and_is_named_as_under_torchrun(tmp_path, l
     assert time.monotonic() - begin < 110  # not rank 0's two minutes: it was stopped
     assert result["status"] == "rank killed (signal 9)", result["output_tail"]
     assert result["returncode"] != 0
+
+
+def test_the_page_gives_the_limit_most_files_ran_with(tmp_path):
+    """One slow file rerun with a longer limit (the last --update's) does not make the page say
+    every file had it: the header gives the usual limit, the odd file its own."""
+    def result(name, timeout):
+        return {"file": name, "status": "finished", "seconds": 1.0, "timeout": timeout,
+                "tests": {f"{name}::t": {"outcome": "passed", "message": "", "seconds": 0.5}}}
+    release = {"megatron_core": "0.18.2", "tag": "core_v0.18.2"}
+    run = {"release": release, "nproc": 8, "timeout": 1800.0, "date": "2026-12-03",
+           "machine": "machine: test",
+           "files": [result("a", 900.0), result("b", 900.0), result("c", 1800.0)]}
+    (tmp_path / "core_v0.18.2.json").write_text(json.dumps(run))
+    page = conformance.render(tmp_path)
+    assert "8 ranks, 900 s per file" in page
+    assert "- `a`: finished" in page and "- `c` (1800 s limit): finished" in page

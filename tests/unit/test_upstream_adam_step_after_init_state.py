@@ -4,7 +4,7 @@ state (step 0), instead of stopping at a missing ``step``."""
 
 import pytest
 
-from ..conftest import run_on_one_cpu_rank
+from ..conftest import printed_lines, run_on_one_cpu_rank
 from .one_rank_probes import PRELUDE, apex_or_te_installed
 
 #: one gloo rank, a one-linear MegatronModule in DDP; for fp32, bf16 and the distributed
@@ -47,8 +47,7 @@ OPTIMIZERS = ("FP32Optimizer", "Float16OptimizerWithFloat16Params", "Distributed
 
 
 def _results(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in proc.stdout.splitlines() if line.startswith(OPTIMIZERS)]
+    return printed_lines(proc, OPTIMIZERS)
 
 
 def test_moments_laid_out_by_init_state_fn_step_as_a_fresh_state(tmp_path):

@@ -4,7 +4,7 @@ into torch's Adam, at step 0, and a step then runs from there."""
 
 import pytest
 
-from ..conftest import run_on_one_cpu_rank
+from ..conftest import printed_lines, run_on_one_cpu_rank
 from .one_rank_probes import PRELUDE, apex_or_te_installed
 
 #: one gloo rank, a one-linear MegatronModule in DDP; for fp32 and bf16: optimizer A's moments
@@ -51,9 +51,7 @@ pytestmark = pytest.mark.skipif(apex_or_te_installed(),
 
 
 def _results(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in proc.stdout.splitlines()
-            if line.startswith(("FP32Optimizer", "Float16OptimizerWithFloat16Params"))]
+    return printed_lines(proc, ("FP32Optimizer", "Float16OptimizerWithFloat16Params"))
 
 
 def test_moments_saved_before_any_step_load_at_step_0_and_step_on(tmp_path):
