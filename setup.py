@@ -96,9 +96,10 @@ def kernel_build():
 
 
 EXT_MODULES, EXT_CMDCLASS = kernel_build()
-#: the supported Megatron releases (megatron_musa_patch/releases.py): the requirement admits them
-#: all, so installing the layer never moves the user's Megatron to another release
-RELEASES = _load_by_path("megatron_musa_patch", "releases.py")
+#: the supported Megatron and torch releases (megatron_musa_patch/upstream/tables.py): the
+#: requirements admit them all, so installing the layer never moves a supported megatron-core to
+#: another release, and never moves torch at all
+TABLES = _load_by_path("megatron_musa_patch", "upstream", "tables.py")
 
 
 def read(name):
@@ -117,10 +118,10 @@ setup(
     packages=find_packages(include=["megatron_musa_patch", "megatron_musa_patch.*"]),
     py_modules=["_megatron_musa_patch_boot"],
     install_requires=[
-        # torch is pinned by whoever installs it (CI: torch==2.13.0); any release the supported
-        # megatron-core releases support works.
-        "torch>=2.6",
-        RELEASES.INSTALL_REQUIREMENT,
+        # no version: pip never replaces an installed torch (on MUSA, the MUSA SDK's build); the
+        # activation checks it against the torch table instead
+        TABLES.TORCH_REQUIREMENT,
+        TABLES.MEGATRON_REQUIREMENT,
         "pluggy>=1.3",
         "wrapt>=1.15",
         "packaging>=23",
@@ -130,6 +131,9 @@ setup(
         "psutil",
     ],
     extras_require={
+        # a torch of the support table, for a new environment (pip install
+        # "megatron-musa-patch[torch]"); on MUSA use the MUSA SDK's torch instead
+        "torch": [TABLES.TORCH_EXTRA],
         # what megatron.training and pretrain_gpt.py import (Megatron-LM checkout path;
         # pydantic: megatron.training imports megatron.rl, which imports it)
         "training": ["six", "regex", "pyyaml", "einops", "sentencepiece", "tiktoken",

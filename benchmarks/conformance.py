@@ -702,10 +702,10 @@ def pass_rate(counts) -> tuple:
 # ---------------------------------------------------------------------------- the release
 def describe_release(python: str, lm_path: Path) -> dict:
     code = ("import json, sys\nfrom pathlib import Path\n"
-            "from megatron_musa_patch import releases, versions\n"
-            "core = versions.megatron_core_version()\n"
-            "lm = versions.megatron_lm_version(Path(sys.argv[1]))\n"
-            "row = releases.release_of(core)\n"
+            "from megatron_musa_patch.upstream import installed, ranges, tables\n"
+            "core = installed.megatron_core_version()\n"
+            "lm = installed.megatron_lm_version(Path(sys.argv[1]))\n"
+            "row = ranges.row_of(tables.MEGATRON, core)\n"
             "import torch\n"
             "print(json.dumps({'megatron_core': str(core), 'megatron_lm': str(lm),\n"
             "    'tag': row.lm_tag if row else 'unsupported', 'series': row.series if row else '',\n"

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import release_check, releases, settings as settings_module, torchada_import, versions
+from . import settings as settings_module, torchada_import
 from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
 from .session import Session
+from .upstream import check as release_check, installed, tables
 
 logger = logging.getLogger("megatron_musa_patch")
 
@@ -67,6 +68,8 @@ def activate(settings: Optional[settings_module.Settings] = None,
 
     import torch  # noqa: F401 - the device layer patches torch; import it under our control
 
+    unverified_torch = release_check.check_torch(settings.allow_unverified)
+
     from . import plugins
     from .device import adapter, mapping
     from .ops import dispatch
@@ -87,7 +90,8 @@ def activate(settings: Optional[settings_module.Settings] = None,
     unverified = release_check.check(session.lm_path, settings.allow_unverified)
     release_check.check_training_source(session.lm_path)
     registry = Registry(device.name, plugins.toggles(pm, settings),
-                        allow_unverified=settings.allow_unverified, version_of=session.version_of)
+                        allow_unverified=settings.allow_unverified, version_of=session.version_of,
+                        torch_version=installed.torch_version())
     registry.scan_for_copies = bool(late)
     session.registry = registry
     pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
@@ -104,8 +108,10 @@ def activate(settings: Optional[settings_module.Settings] = None,
     if late:
         logger.warning("megatron_musa_patch: activated after %s was imported; copies were "
                        "rebound where found", late[0])
-    if unverified and session.is_rank_zero():
-        logger.warning("megatron_musa_patch: %s", unverified)
+    if session.is_rank_zero():
+        for warning in (unverified, unverified_torch):
+            if warning:
+                logger.warning("megatron_musa_patch: %s", warning)
     return session
 
 
@@ -134,15 +140,15 @@ def check_lm_path(settings: settings_module.Settings) -> None:
     path = settings.lm_path
     if path is None:
         return
-    tags = releases.tags()
+    tags = tables.tags()
     if not (path / "megatron" / "training" / "__init__.py").is_file():
         raise MegatronMusaPatchError(
             f"MEGATRON_LM_PATH={path} is not a Megatron-LM checkout (no "
             f"megatron/training/__init__.py there). Point it at a checkout of a supported tag "
-            f"({tags}), e.g. `git clone -b {releases.newest().lm_tag} "
+            f"({tags}), e.g. `git clone -b {tables.MEGATRON[-1].lm_tag} "
             f"https://github.com/NVIDIA/Megatron-LM`."
         )
-    if versions.megatron_lm_version(path) is None and not settings.allow_unverified:
+    if installed.megatron_lm_version(path) is None and not settings.allow_unverified:
         raise MegatronMusaPatchError(
             f"MEGATRON_LM_PATH={path} has no readable version (megatron/core/package_info.py), "
             f"so it cannot be matched with megatron-core. Point it at a checkout of a supported "

@@ -15,8 +15,10 @@ USAGE = """mmp <command> [options]
 commands:
   run [torchrun options] SCRIPT [ARGS]   run a training script with the layer active in every rank
   doctor [--all]                         device, versions, and every patch with its status
-  patches [--json] [--resolve-all]       the patch table (machine-readable with --json); with
-                                         --resolve-all every record's target on this release
+  patches [--json] [--resolve-all [--strict]]
+                                         the patch table (machine-readable with --json); with
+                                         --resolve-all every record's target on this release,
+                                         with --strict an error for any record unverified on it
   selftest [--layout tp2|pp2|dp2|...]    tiny megatron-core GPT on this device, checked against 1 rank
   data ...                               tokenize, binarize and blend training data
 """
@@ -62,7 +64,13 @@ def _doctor(command: str, rest: List[str]) -> int:
                         help="resolve every record's target on the installed release, whatever "
                              "the device (MUSA- and CUDA-only records too); exit 1 if one meant "
                              "for this release does not resolve")
+    parser.add_argument("--strict", action="store_true",
+                        help="with --resolve-all: exit 1 also if a record meant for this release "
+                             "was not verified on it (a release the support tables gained since, "
+                             "or one outside them under MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED)")
     opts = parser.parse_args(rest)
+    if opts.strict and not opts.resolve_all:
+        parser.error("--strict goes with --resolve-all")
 
     from . import activation, table
 
@@ -75,8 +83,9 @@ def _doctor(command: str, rest: List[str]) -> int:
             print(json.dumps({**table.as_json(state), "resolutions": resolved}, indent=2))
         else:
             print(table.render_resolutions(resolved))
-        return 1 if any(r["for_this_release"] and r["status"] in ("missing", "not importable")
-                        for r in resolved) else 0
+        failing = table.unresolved(resolved) + (table.unverified(resolved) if opts.strict
+                                                else [])
+        return 1 if failing else 0
     if opts.json:
         print(json.dumps(table.as_json(state), indent=2))
     else:
@@ -119,9 +128,9 @@ def _import_targets(state) -> None:
 
 
 def _ships_training() -> bool:
-    from . import releases, versions
+    from .upstream import installed, ranges, tables
 
-    release = releases.release_of(versions.megatron_core_version())
+    release = ranges.row_of(tables.MEGATRON, installed.megatron_core_version())
     return release is not None and release.training_from == "wheel"
 
 

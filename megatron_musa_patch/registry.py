@@ -1,12 +1,14 @@
 """Patch records and their application.
 
 A feature describes what it changes as :class:`Patch` records; the :class:`Registry` decides
-whether each applies (device, feature toggles, condition, verified Megatron version), applies it
-when its target module is imported (wrapt post-import hooks: a module imported after activation
-is patched as it loads, so a later ``from x import f`` sees the patched ``f``; modules imported
-*before* activation hold unpatched copies, which is why activation refuses to run late unless
-told to), and keeps one :class:`PatchResult` row per record for ``mmp doctor``. Records that do
-not apply on the selected device are registered all the same and shown as skipped.
+whether each applies (device, feature toggles, condition, and the megatron-core and torch ranges
+it was verified on: ``verdict``), applies it when its target module is imported (wrapt
+post-import hooks: a module imported after activation is patched as it loads, so a later
+``from x import f`` sees the patched ``f``; modules imported *before* activation hold unpatched
+copies, which is why activation refuses to run late unless told to), and keeps one
+:class:`PatchResult` row per record for ``mmp doctor``. Records that do not apply on the selected
+device are registered all the same and shown as skipped; a record tried on a release it was not
+verified on is shown as ``unverified``.
 
 Kinds:
   * ``wrap``      -- ``impl(wrapped, instance, args, kwargs)`` around the target (wrapt).
@@ -28,23 +30,31 @@ import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import wrapt
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import Version
 
-from . import releases, version_ranges, versions
-from .errors import PatchError
+from .errors import PatchError, PluginError
 from .toggles import Toggles
+from .upstream import installed, ranges, tables, targets
+from .upstream.ranges import Range
 
 logger = logging.getLogger("megatron_musa_patch")
 
 KINDS = ("wrap", "replace", "attribute", "module")
 ALL_DEVICES = frozenset({"musa", "cpu", "cuda"})
 APPLIED, DEFERRED, SKIPPED, FAILED = "applied", "deferred", "skipped", "failed"
+#: applied on a release outside the record's verified range (a release added to a table since,
+#: or one outside the tables under MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED)
+UNVERIFIED = "unverified"
+#: the statuses of a record that is in effect
+IN_EFFECT = (APPLIED, UNVERIFIED)
 
 _MISSING = object()
 _PATH_ERRORS: Tuple[type, ...] = (AttributeError,) + tuple(
     e for e in (getattr(wrapt, "PathResolutionError", None),) if e is not None
 )
+
+
+class RecordError(PluginError, ValueError):
+    """A patch record that cannot be made (a plugin author's mistake): one paragraph."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +67,21 @@ class Patch:
     impl: Any
     feature: str
     devices: frozenset = ALL_DEVICES
-    #: the Megatron versions this record is for (verified on), as ``>=a,<b``; None for
-    #: non-Megatron targets (torch). Defaults to the whole support table (releases.py) for
-    #: ``megatron.*`` targets. Records of one ``id`` with disjoint ranges are variants of one
-    #: logical patch: the one whose range holds the installed release applies.
-    megatron: Optional[str] = ""
-    #: why the record is not needed on a supported release outside ``megatron`` (e.g. "upstream
-    #: fixed it in 0.17.0"); shown by ``mmp doctor``
-    outside: str = ""
+    #: the megatron-core releases the record applies to and was verified on, a range with both
+    #: bounds (``">=0.16.1,<0.20"``, ``upstream/ranges.py``): the lower bound is where it starts
+    #: to apply, the upper the first release it was not verified on. A release after it shows
+    #: the record as unverified (tried, and reported) until someone re-verifies it and moves
+    #: the bound. Records of one ``id`` with disjoint ranges are variants of one logical patch:
+    #: the one whose range holds the installed release applies.
+    megatron: str = dataclasses.field(default="", kw_only=True)
+    #: the torch releases likewise; required for records that patch torch and for those whose
+    #: code reaches torch's private names (``tests/unit/test_record_ranges.py``)
+    torch: Optional[str] = dataclasses.field(default=None, kw_only=True)
+    #: why the record is not needed from its upper bound on (upstream fixed or removed what it
+    #: patches): a later release then skips it instead of trying it unverified
+    ends: str = dataclasses.field(default="", kw_only=True)
+    #: why nothing is needed before its lower bound (shown by ``mmp doctor``)
+    starts: str = dataclasses.field(default="", kw_only=True)
     #: returns True to apply, False or a reason string to skip; evaluated at application time
     condition: Optional[Callable[[], Union[bool, str]]] = None
     #: a failure raises (device and collective patches): never a half-patched process
@@ -76,25 +93,25 @@ class Patch:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"patch {self.id}: kind must be one of {KINDS}, not {self.kind!r}")
+            raise RecordError(f"patch {self.id}: kind must be one of {KINDS}, not {self.kind!r}")
         if ":" not in self.target:
-            raise ValueError(f"patch {self.id}: target must look like 'module:Qual.name'")
+            raise RecordError(f"patch {self.id}: target must look like 'module:Qual.name'")
         if not set(self.devices) <= ALL_DEVICES:
-            raise ValueError(f"patch {self.id}: unknown devices {set(self.devices) - ALL_DEVICES}")
-        if self.megatron == "" and self.module.startswith("megatron"):
-            object.__setattr__(self, "megatron", releases.VERIFIED_MEGATRON)
-        elif self.megatron == "":
-            object.__setattr__(self, "megatron", None)
-        if self.megatron is not None:
-            try:
-                version_ranges.interval(self.megatron)
-            except (InvalidSpecifier, ValueError) as exc:
-                raise ValueError(f"patch {self.id}: bad version range {self.megatron!r}") from exc
+            raise RecordError(
+                f"patch {self.id}: unknown devices {set(self.devices) - ALL_DEVICES}")
+        _check_range(self, "megatron", self.megatron, tables.MEGATRON)
+        if self.torch is None and self.module.split(".")[0] == "torch":
+            raise RecordError(
+                f"patch {self.id} (feature '{self.feature}') patches torch ({self.target}) but "
+                f"names no torch range: give torch='{tables.TORCH_SUPPORTED}' or the releases it "
+                f"was verified on")
+        if self.torch is not None:
+            _check_range(self, "torch", self.torch, tables.TORCH)
 
     @property
-    def key(self) -> Tuple[str, Optional[str]]:
-        """Identifies one variant: the logical id and its version range."""
-        return (self.id, self.megatron)
+    def key(self) -> Tuple[str, str, Optional[str]]:
+        """Identifies one variant: the logical id and its version ranges."""
+        return (self.id, self.megatron, self.torch)
 
     @property
     def module(self) -> str:
@@ -103,6 +120,22 @@ class Patch:
     @property
     def qualname(self) -> str:
         return self.target.split(":", 1)[1]
+
+
+def _check_range(patch: Patch, name: str, spec: Optional[str], table) -> None:
+    example = tables.span(table)
+    if not spec:
+        raise RecordError(
+            f"patch {patch.id} (feature '{patch.feature}') names no {name} range: records declare "
+            f"the releases they were verified on, e.g. {name}='{example}' (upstream/tables.py)")
+    try:
+        bounds = Range.parse(spec)
+    except ValueError as exc:
+        raise RecordError(f"patch {patch.id}: bad {name} range {spec!r}: {exc}") from exc
+    if not bounds.bounded:
+        raise RecordError(
+            f"patch {patch.id} (feature '{patch.feature}'): the {name} range {spec!r} needs both "
+            f"bounds (the upper is the first release it was not verified on), e.g. {example!r}")
 
 
 @dataclasses.dataclass
@@ -116,6 +149,9 @@ class PatchResult:
     strict: bool = False
     #: the version range, when the id has several variants ("" otherwise)
     variant: str = ""
+    #: the megatron-core and torch releases the record was verified on
+    megatron: str = ""
+    torch: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -134,10 +170,14 @@ class Registry:
 
     def __init__(self, device: str, toggles: Optional[Toggles] = None,
                  allow_unverified: bool = False,
-                 version_of: Optional[Callable[[str], Any]] = None):
+                 version_of: Optional[Callable[[str], Any]] = None,
+                 torch_version: Any = _MISSING):
         self.device = device
         #: module name -> the installed Megatron version its patches are gated on
-        self.version_of = version_of or (lambda module: versions.version_for_target(module, None))
+        self.version_of = version_of or (lambda module: installed.version_for_target(module, None))
+        #: the installed torch, which torch ranges are gated on
+        self.torch_version = installed.torch_version() if torch_version is _MISSING \
+            else torch_version
         self.toggles = toggles or Toggles(frozenset(), {})
         self.allow_unverified = allow_unverified
         self.active = False
@@ -147,16 +187,18 @@ class Registry:
         self._results: Dict[tuple, PatchResult] = {}
         self._undo: Dict[tuple, _Undo] = {}
         self._hooked_modules: set = set()
+        #: key -> why a record that is being applied is unverified here
+        self._unverified: Dict[tuple, str] = {}
 
     # ------------------------------------------------------------------ records
     def add(self, patch: Patch) -> None:
         for other in self._variants(patch.id):
-            if other.megatron is None or patch.megatron is None or \
-                    version_ranges.overlap(other.megatron, patch.megatron):
+            if _overlap(other.megatron, patch.megatron) and _overlap(other.torch, patch.torch):
                 raise ValueError(
-                    f"patch id {patch.id!r} registered twice for overlapping Megatron ranges "
-                    f"({other.megatron} and {patch.megatron}): variants of one patch must not "
-                    f"overlap, or the release would have two")
+                    f"patch id {patch.id!r} registered twice for overlapping ranges (megatron "
+                    f"{other.megatron} and {patch.megatron}, torch {other.torch or 'any'} and "
+                    f"{patch.torch or 'any'}): variants of one patch must not overlap, or a "
+                    f"release would have two")
         self._patches[patch.key] = patch
         self._set(patch, DEFERRED, f"waiting for `import {patch.module}`")
         if self.active:
@@ -186,14 +228,15 @@ class Registry:
         if reason is not None:
             self._set(patch, SKIPPED, reason)
             return
-        verdict = self._version_verdict(patch)
-        if verdict is not None:
-            status, reason = verdict
-            if status == FAILED:
-                self._fail(patch, reason)
-            else:
-                self._set(patch, SKIPPED, reason)
+        status, reason = self.verdict(patch)
+        if status == FAILED:
+            self._fail(patch, reason)
             return
+        if status == SKIPPED:
+            self._set(patch, SKIPPED, reason)
+            return
+        if status == UNVERIFIED:
+            self._unverified[patch.key] = reason
         if patch.kind == "module":
             self._install_stand_in(patch)
         elif patch.module in sys.modules:
@@ -217,32 +260,60 @@ class Registry:
             return f"feature '{patch.feature}' {self.toggles.why(patch.feature)}"
         return None
 
-    def _version_verdict(self, patch: Patch) -> Optional[Tuple[str, str]]:
-        """None to go on; (SKIPPED, why) for a supported release outside the record's range (a
-        variant for another release, a fix upstream has made); (FAILED, why) for a release the
-        table does not list. An unlisted release let through by ALLOW_UNVERIFIED is treated as
-        the nearest listed one: the records for it are tried."""
-        if patch.megatron is None:
-            return None
-        installed = self.version_of(patch.module)
-        if installed is None:
-            return None  # nothing installed to check; a missing module simply stays deferred
-        which = versions.gating_distribution(patch.module)
-        effective = installed
-        if releases.release_of(installed) is None:
+    def verdict(self, patch: Patch) -> Tuple[str, str]:
+        """Whether ``patch`` is meant for the installed releases, whatever the device and
+        toggles: (APPLIED, "") where both its ranges hold, (UNVERIFIED, why) where it is tried
+        on a release it was not verified on, (SKIPPED, why) where it is not for this release,
+        (FAILED, why) on a release outside a table unless ALLOW_UNVERIFIED."""
+        verdicts = [self._range_verdict(patch, "megatron", patch.megatron,
+                                        self.version_of(patch.module),
+                                        installed.gating_distribution(patch.module),
+                                        tables.MEGATRON)]
+        if patch.torch is not None:
+            verdicts.append(self._range_verdict(patch, "torch", patch.torch, self.torch_version,
+                                                "torch", tables.TORCH))
+        for status in (FAILED, SKIPPED, UNVERIFIED):
+            reasons = [why for verdict, why in verdicts if verdict == status]
+            if reasons:
+                return status, "; ".join(reasons)
+        return APPLIED, ""
+
+    def _range_verdict(self, patch: Patch, dimension: str, spec: str, version, which: str,
+                       table) -> Tuple[str, str]:
+        """One range of ``patch`` against the installed ``version`` of ``which``.
+
+        A release outside the table is refused, or (ALLOW_UNVERIFIED) taken as the table's
+        nearest release and the record is unverified. Inside the table: before the range, the
+        record is skipped; after it, skipped when upstream made it unnecessary (``ends``) or a
+        newer variant takes over, and otherwise tried unverified -- a release the table gained
+        since the record was verified."""
+        if version is None:
+            return APPLIED, ""  # nothing installed to check; a missing module stays deferred
+        effective, outside_table = version, ranges.row_of(table, version) is None
+        if outside_table:
             if not self.allow_unverified:
                 return FAILED, (
                     f"patch '{patch.id}' (feature '{patch.feature}') was verified on {which} "
-                    f"{releases.VERIFIED_MEGATRON} ({releases.tags()}) but {installed} is "
-                    f"installed; install a supported release, or set "
+                    f"{spec} but {version} is installed, outside the supported "
+                    f"{tables.span(table)}; install a supported release, or set "
                     f"MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1 to try it anyway")
-            newest = releases.newest()
-            effective = Version(newest.first if releases.newer_than_table(installed)
-                                else releases.oldest().first)
-        if effective in SpecifierSet(patch.megatron, prereleases=True):
-            return None
-        note = f": {patch.outside}" if patch.outside else ""
-        return SKIPPED, f"for {which} {patch.megatron}, not {installed}{note}"
+            effective = ranges.text(ranges.nearest(table, version))
+        bounds = Range.parse(spec)
+        if effective in bounds:
+            if not outside_table:
+                return APPLIED, ""
+            return UNVERIFIED, (f"{which} {version} is outside the support table: tried as "
+                                f"{effective}, verified on {spec}")
+        if bounds.below(effective):
+            note = f": {patch.starts}" if patch.starts else ""
+            return SKIPPED, f"for {which} {spec}, not {version}{note}"
+        if patch.ends:
+            return SKIPPED, f"for {which} {spec}, not {version}: {patch.ends}"
+        if any(Range.parse(getattr(other, dimension) or spec).low > bounds.low
+               for other in self._variants(patch.id) if other is not patch):
+            return SKIPPED, f"for {which} {spec}, not {version} (a newer variant applies)"
+        return UNVERIFIED, (f"verified on {which} {spec}, not on the installed {version}: "
+                            f"re-verify it and move the bound (docs/compatibility.md)")
 
     def _apply(self, patch: Patch, module) -> None:
         if patch.key in self._undo:
@@ -255,12 +326,12 @@ class Registry:
         try:
             parent, attribute, original = self._resolve(module, patch)
         except _PATH_ERRORS as exc:
-            installed = self.version_of(patch.module)
+            version = self.version_of(patch.module)
             self._fail(
                 patch,
                 f"patch '{patch.id}' (feature '{patch.feature}'): target {patch.target} does not "
-                f"exist in the installed Megatron ({installed or 'version unknown'}; verified on "
-                f"{patch.megatron or 'any'}): {exc}. Upstream renamed or removed it; pin a "
+                f"exist in the installed Megatron ({version or 'version unknown'}; verified on "
+                f"{patch.megatron}): {exc}. Upstream renamed or removed it; pin a "
                 f"verified Megatron version or switch the feature off with "
                 f"MEGATRON_MUSA_PATCH_DISABLE={patch.feature}",
             )
@@ -276,8 +347,15 @@ class Registry:
         setattr(parent, attribute, new)
         rebinds = self._rebind(patch, original, new) if original is not _MISSING else []
         self._undo[patch.key] = _Undo(parent, attribute, previous, rebinds)
-        self._set(patch, APPLIED, patch.why)
+        self._set_in_effect(patch)
         logger.debug("applied %s on %s", patch.id, patch.target)
+
+    def _set_in_effect(self, patch: Patch) -> None:
+        unverified = self._unverified.get(patch.key)
+        if unverified is None:
+            self._set(patch, APPLIED, patch.why)
+        else:
+            self._set(patch, UNVERIFIED, unverified)
 
     def _install_stand_in(self, patch: Patch) -> None:
         if patch.condition is not None:
@@ -291,7 +369,7 @@ class Registry:
         finder = _StandInFinder(patch.module, patch.impl)
         sys.meta_path.insert(0, finder)
         self._undo[patch.key] = _Undo(sys.meta_path, "", finder, [])
-        self._set(patch, APPLIED, patch.why)
+        self._set_in_effect(patch)
 
     @staticmethod
     def _resolve(module, patch: Patch):
@@ -325,15 +403,24 @@ class Registry:
         logger.warning("megatron_musa_patch: %s", reason)
 
     def _set(self, patch: Patch, status: str, reason: str) -> None:
-        variant = patch.megatron or "" if len(self._variants(patch.id)) > 1 else ""
         self._results[patch.key] = PatchResult(
             patch.id, patch.target, patch.feature, patch.kind, status, reason, patch.strict,
-            variant)
-        if variant:  # a second variant arrived: the first one's row names its range too
+            self._variant_label(patch), patch.megatron, patch.torch or "")
+        if len(self._variants(patch.id)) > 1:  # a variant arrived: each row names its range
             for other in self._variants(patch.id):
                 row = self._results.get(other.key)
-                if row is not None and not row.variant:
-                    row.variant = other.megatron or ""
+                if row is not None:
+                    row.variant = self._variant_label(other)
+
+    def _variant_label(self, patch: Patch) -> str:
+        """The ranges that tell the variants of ``patch.id`` apart ("" for a single record)."""
+        others = [p for p in self._variants(patch.id) if p is not patch]
+        parts = []
+        if any(p.megatron != patch.megatron for p in others):
+            parts.append(patch.megatron)
+        if any(p.torch != patch.torch for p in others):
+            parts.append(f"torch{patch.torch or ' any'}")
+        return " ".join(parts)
 
     # ------------------------------------------------------------------ undo
     def unpatch(self, ids: Optional[Iterable[str]] = None) -> None:
@@ -368,7 +455,7 @@ class Registry:
         rows = [self._results[p.key] for p in self._variants(patch_id)]
         if not rows:
             raise KeyError(patch_id)
-        return next((r for r in rows if r.status == APPLIED), rows[0])
+        return next((r for r in rows if r.status in IN_EFFECT), rows[0])
 
     def switched_off(self, feature: str) -> bool:
         return self.toggles.is_off(feature)
@@ -412,6 +499,35 @@ class Registry:
         except _PATH_ERRORS as exc:
             return "missing", str(exc)
         return "resolved", ""
+
+
+def patches_at(name: str, patch_id: str, kind: str, impl, feature: str, *, megatron: str,
+            attribute: str = "", **fields) -> list:
+    """The records of one patch on the logical target ``name``: one variant per location that
+    the feature's verified range ``megatron`` reaches, each cut to it (``impl`` may map each
+    location's flavour to its implementation; ``attribute`` names the attribute when ``name``
+    is a module). The releases after a name was removed skip the patch with the reason in
+    ``GONE``."""
+    extra_rebind = tuple(fields.pop("rebind", ()))
+    ends = fields.pop("ends", "")
+    verified = Range.parse(megatron)
+    out = []
+    for location in targets.variants(name):
+        where = Range.parse(location.range)
+        if not where.overlaps(verified):
+            continue
+        chosen = impl[location.flavour] if isinstance(impl, dict) else impl
+        target = f"{location.target}:{attribute}" if attribute else location.target
+        out.append(Patch(patch_id, target, kind, chosen, feature,
+                         megatron=where.intersection(verified).spec,
+                         ends=(ends or targets.gone(name)) if where.high is not None else ends,
+                         rebind=extra_rebind + location.rebind, **fields))
+    return out
+
+
+def _overlap(a: Optional[str], b: Optional[str]) -> bool:
+    """Two ranges of one dimension share a release (no range: every release)."""
+    return a is None or b is None or Range.parse(a).overlaps(Range.parse(b))
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

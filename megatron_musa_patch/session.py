@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from . import versions
 from .flag_needs import unavailable_error
 from .settings import Settings
+from .upstream import installed
 
 
 @dataclasses.dataclass(eq=False)
@@ -60,14 +60,14 @@ class Session:
     # ------------------------------------------------------------------ versions
     def version_of(self, module: str):
         """The installed Megatron version that patches on ``module`` are gated on."""
-        return versions.version_for_target(module, self.lm_path)
+        return installed.version_for_target(module, self.lm_path)
 
     def versions(self) -> dict:
-        return versions.summary(self.lm_path)
+        return installed.summary(self.lm_path)
 
     def upstream(self, fact: str, module: str = "megatron.core") -> bool:
-        """Whether the installed Megatron has the behaviour ``fact`` (``compat.facts``)."""
-        from .compat import facts
+        """Whether the installed Megatron has the behaviour ``fact`` (``upstream.facts``)."""
+        from .upstream import facts
 
         return facts.holds(fact, self.version_of(module))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import collections
 from typing import List
 
-from .registry import APPLIED, DEFERRED, FAILED, SKIPPED, PatchResult
+from .registry import APPLIED, DEFERRED, FAILED, IN_EFFECT, SKIPPED, UNVERIFIED, PatchResult
 
-_ORDER = {FAILED: 0, SKIPPED: 1, DEFERRED: 2, APPLIED: 3}
+_ORDER = {FAILED: 0, UNVERIFIED: 1, SKIPPED: 2, DEFERRED: 3, APPLIED: 4}
 
 
 def header(state) -> str:
@@ -61,8 +61,8 @@ def render_table(state, collapse: bool = True) -> str:
     width_id = max([len(shown_id(r)) for r in shown] + [5])
     width_target = min(max([len(r.target) for r in shown] + [6]), 72)
     lines = [header(state),
-             "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, DEFERRED, SKIPPED,
-                                                                    FAILED)),
+             "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, UNVERIFIED, DEFERRED,
+                                                                    SKIPPED, FAILED)),
              f"{'status':8} {'patch':{width_id}} {'target':{width_target}} reason"]
     for r in shown:
         target = r.target if len(r.target) <= width_target else "..." + r.target[-width_target + 3:]
@@ -82,29 +82,42 @@ def as_json(state) -> dict:
 
 
 def resolutions(state) -> List[dict]:
-    """Every record's target resolved on the installed release, whatever the device: one dict
-    per record (``id``, ``variant``, ``target``, ``devices``, ``for_this_release``, ``status``,
-    ``detail``)."""
-    from packaging.specifiers import SpecifierSet
-
+    """Every record's target resolved on the installed releases, whatever the device: one dict
+    per record (``id``, ``megatron``, ``torch``, ``target``, ``devices``, ``for_this_release``,
+    ``verified``, ``status``, ``detail``). ``verified`` is False for a record meant for this
+    release that was not verified on it (a release the tables gained since, or one outside them
+    under ALLOW_UNVERIFIED)."""
     out = []
     for patch in state.registry.patches():
-        installed = state.version_of(patch.module)
-        meant = patch.megatron is None or installed is None or \
-            installed in SpecifierSet(patch.megatron, prereleases=True)
+        verdict, why = state.registry.verdict(patch)
         status, detail = state.registry.resolve(patch)
-        out.append({"id": patch.id, "variant": patch.megatron or "", "target": patch.target,
-                    "feature": patch.feature, "devices": sorted(patch.devices),
-                    "for_this_release": bool(meant), "status": status, "detail": detail})
+        out.append({"id": patch.id, "megatron": patch.megatron, "torch": patch.torch or "",
+                    "target": patch.target, "feature": patch.feature,
+                    "devices": sorted(patch.devices), "for_this_release": verdict in IN_EFFECT,
+                    "verified": verdict == APPLIED, "unverified_because": why
+                    if verdict == UNVERIFIED else "", "status": status, "detail": detail})
     return out
 
 
+def unresolved(rows: List[dict]) -> List[dict]:
+    """Records meant for this release whose target is not there."""
+    return [r for r in rows if r["for_this_release"] and r["status"] in ("missing",
+                                                                          "not importable")]
+
+
+def unverified(rows: List[dict]) -> List[dict]:
+    """Records meant for this release that were not verified on it."""
+    return [r for r in rows if r["for_this_release"] and not r["verified"]]
+
+
 def render_resolutions(rows: List[dict]) -> str:
-    bad = [r for r in rows if r["for_this_release"] and r["status"] in ("missing",
-                                                                         "not importable")]
+    bad, unchecked = unresolved(rows), unverified(rows)
     lines = [f"{len(rows)} records: {sum(r['status'] == 'resolved' for r in rows)} resolved, "
-             f"{len(bad)} meant for this release do not resolve"]
-    for r in sorted(rows, key=lambda r: (r["status"] == "resolved", r["id"])):
+             f"{len(bad)} meant for this release do not resolve, {len(unchecked)} meant for "
+             f"this release are unverified on it"]
+    for r in sorted(rows, key=lambda r: (r["status"] == "resolved", r["verified"], r["id"])):
         release = "" if r["for_this_release"] else " (another release's)"
-        lines.append(f"{r['status']:14} {r['id']}{release} {r['target']} {r['detail']}".rstrip())
+        mark = " UNVERIFIED" if r in unchecked else ""
+        lines.append(f"{r['status']:14} {r['id']}{release}{mark} {r['target']} "
+                     f"{r['detail'] or r['unverified_because']}".rstrip())
     return "\n".join(lines)

@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# Sets up a virtual environment for this checkout: the pinned build of torch, then the package
+# Sets up a virtual environment for this checkout: the pinned torch, then the package
 # (a regular install, so the MEGATRON_MUSA_PATCH=1 start-up hook is in place) with the extras
 # for Megatron-LM's training scripts, the data pipeline and the tests, and the musa extra
 # (torchada): the MUSA row's contract tests run it against the stand-in torch_musa. It is only
 # installed here, never imported on the cpu row (its import writes symlinks into its own
 # package directory and sets SGLANG_/VLLM_ variables even where it maps nothing), which is why
 # it is not in the test extra. Safe to re-run.
-#   bash scripts/bootstrap.sh                          # .venv: Python 3, megatron-core the newest pip allows
-#   PYTHON=python3.12 VENV=.venv312 MEGATRON_CORE_VERSION=0.19.2 bash scripts/bootstrap.sh
+#   bash scripts/bootstrap.sh                          # .venv: Python 3, the oldest torch of the
+#                                                      # table, megatron-core the newest pip allows
+#   PYTHON=python3.12 VENV=.venv312 TORCH_VERSION=2.15.0 MEGATRON_CORE_VERSION=0.19.2 \
+#     bash scripts/bootstrap.sh
 #   PINS_ONLY=1 ... bash scripts/bootstrap.sh          # only the venv and the pins (no build of
 #                                                      # this checkout): safe beside another run
 # MEGATRON_CORE_VERSION is pinned in the same pip run, so the package's requirement (every
 # supported release) keeps it. On Python 3.11 pip's newest megatron-core is 0.16.1; 0.17+ needs
-# Python 3.12.
+# Python 3.12. What pip may install is said here, not by the machine: PIP_CONSTRAINT is the
+# project's own scripts/constraints.txt (the support tables' ranges), which also takes the place
+# of a machine-wide pip constraints file; the pins choose inside those ranges. torch from PyPI
+# is a CUDA build (several GB; it runs on the CPU), except the CPU build of 2.13.0 that some
+# machines keep for Python 3.11 (TORCH_VERSION=2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 venv=${VENV:-.venv}
-torch_version=${TORCH_VERSION:-2.13.0}
+# the oldest torch of megatron_musa_patch/upstream/tables.py (tests/unit/test_ci_pins.py)
+torch_version=${TORCH_VERSION:-2.11.0}
+export PIP_CONSTRAINT="$PWD/scripts/constraints.txt"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi

@@ -14,7 +14,8 @@ import pytest
 
 os.environ["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
 
-from megatron_musa_patch import releases  # noqa: E402 - leaves: they activate nothing
+from megatron_musa_patch.upstream import installed, tables  # noqa: E402 - leaves
+from megatron_musa_patch.upstream.ranges import row_of  # noqa: E402
 from megatron_musa_patch.settings import ENV_NAMES, FOREIGN_ENV_NAMES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,34 +86,32 @@ def pytest_collection_modifyitems(config, items):
 
 
 def release_of_installed_core():
-    from megatron_musa_patch import versions
-
-    return releases.release_of(versions.megatron_core_version())
+    return row_of(tables.MEGATRON, installed.megatron_core_version())
 
 
 @pytest.fixture(scope="session")
 def lm_path():
     value = os.environ.get("MEGATRON_LM_PATH", "")
     if not value:
-        pytest.skip(f"needs a Megatron-LM checkout of a supported tag ({releases.tags()}): set "
+        pytest.skip(f"needs a Megatron-LM checkout of a supported tag ({tables.tags()}): set "
                     f"MEGATRON_LM_PATH (archives: ../shared/upstream/)")
     path = Path(value)
     if not (path / "pretrain_gpt.py").is_file():
         pytest.fail(f"MEGATRON_LM_PATH={value} has no pretrain_gpt.py")
-    from megatron_musa_patch import versions
-
-    core, lm = release_of_installed_core(), releases.release_of(versions.megatron_lm_version(path))
+    core, lm = release_of_installed_core(), row_of(tables.MEGATRON,
+                                                   installed.megatron_lm_version(path))
     if core is None or lm is None or core.series != lm.series:
-        pytest.fail(f"MEGATRON_LM_PATH={value} is Megatron-LM {versions.megatron_lm_version(path)} "
-                    f"but megatron-core {versions.megatron_core_version()} is installed: point it "
+        pytest.fail(f"MEGATRON_LM_PATH={value} is Megatron-LM "
+                    f"{installed.megatron_lm_version(path)} "
+                    f"but megatron-core {installed.megatron_core_version()} is installed: point it "
                     f"at the checkout of {core.lm_tag if core else 'a supported tag'}")
     return path
 
 
 @pytest.fixture(scope="session")
 def release():
-    """The supported release under test (releases.Release of the installed megatron-core)."""
+    """The supported release under test (tables.MegatronRelease of the installed megatron-core)."""
     found = release_of_installed_core()
     if found is None:
-        pytest.fail("the installed megatron-core is not in the support table (releases.py)")
+        pytest.fail("the installed megatron-core is not in the support table (upstream/tables.py)")
     return found

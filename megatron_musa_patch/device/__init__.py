@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import DeviceSelectionError
+from ..upstream.check import torch_musa_mismatch
 from .base import DeviceMapping
 from .rows import ROWS
 
@@ -17,7 +18,16 @@ CHOICES = ("auto",) + tuple(ROWS)
 
 
 def builtin_select(requested: str) -> str:
-    """The built-in choice; plugins may answer first through ``mmp_select_device``."""
+    """The built-in choice; plugins may answer first through ``mmp_select_device``.
+
+    Where torch_musa is installed but cannot serve the installed torch (pip replaced the MUSA
+    SDK's torch), ``auto`` and ``musa`` stop with the paragraph: the run would otherwise fall
+    back to the CPU without a word. ``cpu`` (and ``auto`` on a machine with a usable CUDA GPU)
+    go ahead."""
+    if requested in ("auto", "musa"):
+        mismatch = torch_musa_mismatch(_torch_version(), _cuda_build_version())
+        if mismatch is not None and not (requested == "auto" and _cuda_usable()):
+            raise DeviceSelectionError(f"{ENV}={requested}: {mismatch}")
     if requested == "auto":
         if _torch_musa_problem() is None:
             return "musa"
@@ -69,6 +79,10 @@ def _torch_version() -> str:
 
 
 def _cuda_build() -> str:
+    return _cuda_build_version() or "no"
+
+
+def _cuda_build_version():
     import torch
 
-    return torch.version.cuda or "no"
+    return torch.version.cuda

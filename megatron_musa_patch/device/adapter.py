@@ -29,10 +29,11 @@ import dataclasses
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-from .. import conditions, versions
+from .. import conditions
 from ..errors import TorchMappingError
 from ..settings import PREFIX, TORCHADA_PLATFORM_ENV
 from ..torchada_import import EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now, would_map_musa
+from ..upstream import installed
 from . import torchada_coverage
 
 #: reasons in the patch table start with these, so mmp doctor can count who maps what
@@ -41,7 +42,7 @@ LEFT_BY = "torchada leaves this"
 
 
 def installed_version() -> Optional[str]:
-    return versions.distribution_version(MODULE)
+    return installed.distribution_version(MODULE)
 
 
 def choose(settings, device, imported_by_layer: bool):

@@ -211,7 +211,7 @@ class Event:
     """Records when it was reached; ``elapsed_time`` is in milliseconds like CUDA's."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 **kwargs):
+                 external: bool = False, **kwargs):
         self.enable_timing = enable_timing
         self._time: Optional[float] = None
 

@@ -11,11 +11,13 @@ Which torch names are replaced, and why, is listed as patch records in
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Dict, Iterable
 
 import torch
 
 from ..errors import unsupported_stand_in
+from . import shapes
 from .base import DeviceMapping, _original_device, cuda_tensor_type_name
 
 #: torch functions that take ``device=`` (and sometimes ``pin_memory=``)
@@ -60,11 +62,21 @@ CUDA_SUBMODULE_API = {
                           "_snapshot", "_record_memory_history", "_dump_snapshot"),
 }
 NVTX_API = ("range_push", "range_pop", "range", "mark")
+#: torch.cuda names Megatron reaches that are right as they are on every row, and why
+CUDA_PASS_THROUGH = {
+    "OutOfMemoryError": "an exception class: raising and catching it works on every device",
+    "amp": "a module: torch.cuda.amp.autocast is torch.amp.autocast('cuda'), which the "
+           "device.autocast record maps",
+    "nvtx": "a module: its functions are mapped one by one (NVTX_API)",
+    "memory": "a module: its functions are mapped one by one (CUDA_SUBMODULE_API)",
+    "random": "a module: its functions are mapped one by one (CUDA_SUBMODULE_API)",
+}
 
 
 def device_api(row: DeviceMapping) -> Dict[str, Any]:
     """``torch.cuda`` name -> the row's object: the row module's own, a portable fallback from
-    the CPU implementation (nvtx, profiler hooks, telemetry), or a raiser naming the row."""
+    the CPU implementation (nvtx, profiler hooks, telemetry), or a raiser naming the row; each
+    in the kind of torch's own object (``shapes.follow``: torch inspects some of them)."""
     module = row.module()
     from . import cpu_api
 
@@ -81,30 +93,61 @@ def device_api(row: DeviceMapping) -> Dict[str, Any]:
             value = getattr(memory, name, None)  # private memory-history helpers
         if value is None and name in portable:
             value = getattr(cpu_api, name)
+        real = _torch_cuda_object(name)
         if value is None:
-            value = _unsupported(row, f"torch.cuda.{name}")
-        api[name] = value
+            value = _unsupported(row, f"torch.cuda.{name}", real)
+        api[name] = shapes.follow(real, value, known_kind(name))
     return api
+
+
+def known_kind(name: str) -> str:
+    """The kind of torch's ``torch.cuda.<name>`` where it cannot be read (torchada's redirect
+    has taken ``torch.cuda``'s place); tests/unit/test_torch_shapes.py checks these against
+    torch's own objects on every torch of the table."""
+    if name in CUDA_CLASSES:
+        return shapes.CLASS
+    if name in CUDA_CONTEXT_MANAGERS:
+        return shapes.CONTEXT_MANAGER
+    return shapes.MISSING
+
+
+def _torch_cuda_object(name: str):
+    """torch's own ``torch.cuda.<name>`` (or ``torch.cuda.memory.<name>``), read before the
+    records replace them."""
+    import torch.cuda.memory
+
+    found = getattr(torch.cuda, name, None)
+    return found if found is not None else getattr(torch.cuda.memory, name, None)
 
 
 def nvtx_api(row: DeviceMapping) -> Dict[str, Any]:
     from . import cpu_api
 
+    import torch.cuda.nvtx
+
     nvtx = getattr(row.module(), "nvtx", None)
-    return {name: getattr(nvtx, name, None) or getattr(cpu_api.nvtx, name) for name in NVTX_API}
+    return {name: shapes.follow(getattr(torch.cuda.nvtx, name, None),
+                                getattr(nvtx, name, None) or getattr(cpu_api.nvtx, name),
+                                shapes.CONTEXT_MANAGER if name == "range" else shapes.MISSING)
+            for name in NVTX_API}
 
 
 #: torch.cuda names that are classes in torch: their stand-ins stay classes (annotations)
 CUDA_CLASSES = frozenset({"CUDAGraph", "graph", "MemPool", "Stream", "Event", "ExternalStream",
-                          "StreamContext", "device", "device_of"})
+                          "StreamContext", "device", "device_of", "FloatTensor", "DoubleTensor",
+                          "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ByteTensor",
+                          "BoolTensor"})
+#: torch.cuda names that are context-manager functions in torch (torch 2.14's dynamo reads
+#: their __wrapped__)
+CUDA_CONTEXT_MANAGERS = frozenset({"use_mem_pool"})
 
 
-def _unsupported(row: DeviceMapping, what: str):
+def _unsupported(row: DeviceMapping, what: str, real: Any = None):
     name = what.rpartition(".")[2]
     return unsupported_stand_in(
         name, f"{what} has no counterpart on the {row.name} device (torch.{row.torch_type} "
               f"lacks it); remove the Megatron flag that needs it.",
-        as_class=name in CUDA_CLASSES)
+        as_class=inspect.isclass(real) or name in CUDA_CLASSES)
 
 
 # ----------------------------------------------------------------------------- factories

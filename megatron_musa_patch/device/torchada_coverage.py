@@ -64,7 +64,7 @@ def covers(target: str, torch_type: str) -> Optional[str]:
     if module == "torch.cuda":
         return _cuda_name(name)
     if module in _CUDA_SUBMODULES:
-        return _cuda_submodule(module)
+        return _cuda_submodule(module, name)
     if target in _INT_DEVICE_TARGETS:
         if _int_device_is(torch_type):
             return ("'cuda', torch.device('cuda') and device= through torchada's Tensor.to; "
@@ -88,6 +88,10 @@ def gap(target: str, torch_type: str) -> str:
         return ("torch.musa lacks it, so torchada's torch.cuda raises a bare AttributeError; "
                 "the layer gives a portable fallback or an error naming it")
     if module in _CUDA_SUBMODULES:
+        found = sys.modules.get(module)
+        if found is not None and getattr(found, "__name__", module) != module:
+            return (f"`import {module}` gives {found.__name__} (torchada's redirect), which "
+                    f"lacks {name}: the layer adds a portable fallback or an error naming it")
         return (f"`import {module}` still gives torch's CUDA module (torchada redirects that "
                 f"path only when torch.musa lacks it)")
     if target in _INT_DEVICE_TARGETS:
@@ -125,11 +129,11 @@ def _cuda_name(name: str) -> Optional[str]:
     return "torchada's torch.cuda redirect resolves it in torch.musa"
 
 
-def _cuda_submodule(module: str) -> Optional[str]:
+def _cuda_submodule(module: str, name: str) -> Optional[str]:
     found = sys.modules.get(module)
-    if found is None or getattr(found, "__name__", module) == module:
+    if found is None or getattr(found, "__name__", module) == module or not hasattr(found, name):
         return None
-    return f"`import {module}` gives {found.__name__} (torchada's redirect)"
+    return f"`import {module}` gives {found.__name__} (torchada's redirect), which has {name}"
 
 
 def _factory(name: str) -> Optional[str]:

@@ -37,6 +37,9 @@ REQUIRED = False
 DESCRIPTION = ("optimizer CPU offload (HybridDeviceOptimizer) on every device; the "
                "precision-aware optimizer without TransformerEngine")
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 HYBRID = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer:HybridDeviceOptimizer."
 DISTOPT = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer."
 OPTIMIZER = "megatron.core.optimizer"
@@ -62,7 +65,8 @@ FLAG_NEEDS = (
 @hookimpl
 def mmp_register_patches(registry, device):
     def add(pid, target, kind, impl, why):
-        registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, why=why))
+        registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, why=why,
+            megatron=VERIFIED_MEGATRON))
 
     add("split", HYBRID + "_get_sub_optimizer_param_groups", "replace",
         hybrid.split_param_groups_for(device),

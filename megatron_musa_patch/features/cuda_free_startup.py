@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import contextlib
 
-from .. import compat
 from ..conditions import importable, missing
 from ..errors import UnsupportedOnDeviceError
 from ..hookspecs import hookimpl
-from ..registry import Patch
+from ..registry import Patch, patches_at
 from ..triton_free import execute_without_triton
 from .device_swap import jit_mode
 
 FEATURE = "cuda_free_startup"
 REQUIRED = True
 DESCRIPTION = "Megatron-LM start-up without make, nvcc or triton where they are not needed"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"  # for messages
 
@@ -42,26 +44,29 @@ def mmp_register_patches(session, registry, device):
     registry.add(Patch(
         f"{FEATURE}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
         _compile_helpers_if_missing, FEATURE,
-        why="skip `make` when the compiled dataset helpers already import"))
-    registry.extend(compat.patches(
+        why="skip `make` when the compiled dataset helpers already import",
+        megatron=VERIFIED_MEGATRON))
+    registry.extend(patches_at(
         "legacy_fused_kernels_load", f"{FEATURE}.fused_kernels_load", "replace",
         _no_fused_kernels, FEATURE, devices=frozenset({"musa", "cpu"}),
-        why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA"))
+        why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA",
+        megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         f"{FEATURE}.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
         "replace", _no_jit_warmup, FEATURE,
         condition=lambda: eager or "@jit_fuser compiles here: the warm-up compiles its kernels",
-        why="@jit_fuser is eager here: the warm-up would compile nothing"))
-    registry.extend(compat.patches(
+        why="@jit_fuser is eager here: the warm-up would compile nothing",
+        megatron=VERIFIED_MEGATRON))
+    registry.extend(patches_at(
         "batch_invariant_kernels", f"{FEATURE}.batch_invariant_stand_in", "module",
         _batch_invariant_stand_in, FEATURE, condition=lambda: missing("triton"),
         why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
-            "initialize.py failing to import"))
-    registry.extend(compat.patches(
+            "initialize.py failing to import", megatron=VERIFIED_MEGATRON))
+    registry.extend(patches_at(
         "paged_stash_kernels", f"{FEATURE}.paged_stash_without_triton", "module",
         _paged_stash_without_triton, FEATURE, condition=lambda: missing("triton"),
         why="triton is not installed: `import megatron.core` works; --moe-paged-stash "
-            "explains that its kernels need triton"))
+            "explains that its kernels need triton", megatron=VERIFIED_MEGATRON))
 
 
 def _compile_helpers_if_missing(wrapped, instance, args, kwargs):

@@ -28,6 +28,9 @@ REQUIRED = False
 DESCRIPTION = "--data-path pairs checked at start-up: present, undamaged, token ids within the " \
               "tokenizer's vocabulary"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 #: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids
 SCAN_TOKENS = 1 << 26
 _WINDOWS = 64
@@ -41,7 +44,8 @@ def mmp_register_patches(session, registry):
         "data_checks.gpt_low_level_dataset",
         "megatron.core.datasets.gpt_dataset:GPTDataset.build_low_level_dataset", "wrap",
         functools.partial(_build_low_level_dataset, checked), FEATURE,
-        why="check each --data-path pair and its token ids against the tokenizer"))
+        why="check each --data-path pair and its token ids against the tokenizer",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _build_low_level_dataset(checked, wrapped, instance, args, kwargs):

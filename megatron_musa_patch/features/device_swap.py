@@ -32,6 +32,11 @@ DESCRIPTION = "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to th
 
 OFF_CUDA = frozenset({"musa", "cpu"})
 
+#: the releases this feature's records were verified on (docs/compatibility.md); the torch-level
+#: records follow torch's own objects, and reach its private names (torch._C)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+VERIFIED_TORCH = ">=2.11,<2.16"
+
 logger = logging.getLogger("megatron_musa_patch")
 
 
@@ -45,7 +50,7 @@ def mmp_register_patches(session, registry, device):
     registry.extend(_jit_patches(device, session.settings.jit))
     registry.add(Patch(
         "device.torchada_guard", "torchada:*", "module", _refuse_torchada, FEATURE, strict=True,
-        condition=mapping.guard_condition(),
+        condition=mapping.guard_condition(), megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why="the layer maps torch here: a later `import torchada` would patch the same names "
             "again"))
 
@@ -60,7 +65,7 @@ def _refuse_torchada(module):
 
 def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
     return Patch(pid, target, kind, impl, FEATURE, devices=frozenset(devices), strict=True,
-                 why=why, **kw)
+                 why=why, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH, **kw)
 
 
 def _torch_cuda_patches(device):
@@ -155,12 +160,13 @@ def _megatron_patches(device):
     yield Patch(
         "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
         "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE,
-        devices=frozenset({"cpu"}), strict=True,
+        devices=frozenset({"cpu"}), strict=True, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
     yield Patch(
         "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
         "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE,
-        devices=OFF_CUDA, condition=lambda: device.rng_shared_with_host or
+        devices=OFF_CUDA, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+        condition=lambda: device.rng_shared_with_host or
         f"the {device.name} generator is not the host's",
         why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
     )
@@ -219,7 +225,8 @@ def _host_rng_patches(device):
 
     def record(pid, target, impl, why):
         return Patch(pid, target, "wrap", impl, FEATURE, devices=frozenset({"cpu"}),
-                     strict=True, condition=shared, why=why)
+                     strict=True, condition=shared, why=why, megatron=VERIFIED_MEGATRON,
+                     torch=VERIFIED_TORCH)
 
     seeds = "torch.manual_seed seeds the host generator as on a GPU machine"
     for module in ("torch", "torch.random"):
@@ -272,6 +279,7 @@ def _jit_patches(device, setting: str):
     yield Patch(
         "device.jit_fuser", "megatron.core.jit:jit_fuser", "attribute",
         _eager if mode == "eager" else compile_with_fallback, FEATURE, condition=needed,
+        megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why=f"@jit_fuser = {mode} on {device.name} (MEGATRON_MUSA_PATCH_JIT=auto|compile|eager)",
     )
 

@@ -37,6 +37,9 @@ FEATURE = "flash_attention"
 REQUIRED = False
 DESCRIPTION = "--use-flash-attn on the local spec: core attention through SDPA"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 logger = logging.getLogger("megatron_musa_patch")
 #: printed once per run on rank 0 when the SDPA path first runs
 ANNOUNCEMENT = ("megatron_musa_patch: --use-flash-attn: core attention runs through "
@@ -66,7 +69,8 @@ def mmp_register_patches(session, registry):
         f"{FEATURE}.core_attention",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.forward", "wrap",
         functools.partial(_forward, said, session.is_rank_zero()), FEATURE,
-        why="--use-flash-attn: local core attention through scaled_dot_product_attention"))
+        why="--use-flash-attn: local core attention through scaled_dot_product_attention",
+        megatron=VERIFIED_MEGATRON))
 
 
 @hookimpl

@@ -22,6 +22,10 @@ REQUIRED = False
 DESCRIPTION = ("CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of "
                "NCCL's PREMUL_SUM, which gloo does not have")
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+VERIFIED_TORCH = ">=2.11,<2.16"
+
 #: where megatron-fsdp picks its gradients' reduce op (every supported release)
 FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer"
 
@@ -31,7 +35,7 @@ def mmp_register_patches(registry):
     registry.add(Patch(f"{FEATURE}.preprocessing", f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
                        "wrap", _without_div_fusion, FEATURE, devices=frozenset({"cpu"}),
                        why="gradient_reduce_div_fusion reduces with NCCL's PREMUL_SUM, which "
-                           "gloo does not have"))
+                           "gloo does not have", megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
 
 
 def _without_div_fusion(wrapped, instance, args, kwargs):

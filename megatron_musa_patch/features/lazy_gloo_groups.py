@@ -25,6 +25,10 @@ REQUIRED = False
 DESCRIPTION = ("CPU row: gloo process groups connect on first use, as NCCL's communicators "
                "do (TORCH_GLOO_LAZY_INIT around group creation)")
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+VERIFIED_TORCH = ">=2.11,<2.16"
+
 LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 
 
@@ -36,7 +40,8 @@ def mmp_register_patches(registry):
                        "_new_group_with_tag", "wrap", _lazily, FEATURE,
                        devices=frozenset({"cpu"}),
                        why="Megatron makes tens of groups and uses few; NCCL connects a group "
-                           "on its first collective, gloo now too"))
+                           "on its first collective, gloo now too",
+                           megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
 
 
 def _lazily(wrapped, instance, args, kwargs):

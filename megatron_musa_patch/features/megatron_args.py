@@ -16,31 +16,34 @@ from __future__ import annotations
 
 import functools
 
-from .. import compat
 from ..binding import call_arguments
 from ..flag_needs import unavailable_errors
 from ..hookspecs import hookimpl
-from ..registry import Patch
+from ..registry import Patch, patches_at
 
 FEATURE = "megatron_args"
 REQUIRED = True
 DESCRIPTION = "plugin argument groups and validation inside Megatron's parse_args/validate_args"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 
 @hookimpl
 def mmp_register_patches(session, registry):
     def add(pid, target, impl, why):
         registry.add(Patch(f"megatron_args.{pid}", target, "wrap",
-                           functools.partial(impl, session), FEATURE, strict=True, why=why))
+                           functools.partial(impl, session), FEATURE, strict=True, why=why,
+                           megatron=VERIFIED_MEGATRON))
 
     add("parse_args", "megatron.training.arguments:parse_args", _parse_args,
         "adds plugin argument groups to Megatron's parser")
     add("validate_args", "megatron.training.arguments:validate_args", _validate_args,
         "plugin flag checks run before Megatron's")
-    registry.extend(compat.patches(
+    registry.extend(patches_at(
         "core_transformer_config_from_args", "megatron_args.transformer_config", "wrap",
         functools.partial(_transformer_config, session), FEATURE, strict=True,
-        why="plugins carry their flags onto the TransformerConfig"))
+        why="plugins carry their flags onto the TransformerConfig", megatron=VERIFIED_MEGATRON))
     add("optimizer_config", "megatron.training.training:get_megatron_optimizer_config",
         _optimizer_config, "plugins carry their flags onto the OptimizerConfig")
 

@@ -29,15 +29,18 @@ import functools
 import math
 
 from ..binding import call_arguments, has_parameter
-from ..compat.facts import fixed_upstream
 from ..conditions import te_missing
 from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
 from ..registry import Patch
+from ..upstream.facts import fixed_upstream
 
 FEATURE = "mla_local"
 REQUIRED = False
 DESCRIPTION = "--multi-latent-attention with the local (no TransformerEngine) attention"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 FLAG_NEEDS = (FlagNeed("--multi-latent-attention",
                        when=lambda args: getattr(args, "multi_latent_attention", False)
@@ -52,11 +55,12 @@ def mmp_register_patches(registry):
         "mla_local.dot_product_attention_channels",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
         _accept_k_v_channels, FEATURE,
-        why="MLA passes k_channels/v_channels: set the output width and default scale from them"))
-    until, outside = fixed_upstream("mla_knows_te_is_missing")
+        why="MLA passes k_channels/v_channels: set the output width and default scale from them",
+        megatron=VERIFIED_MEGATRON))
+    until, ends = fixed_upstream("mla_knows_te_is_missing", since="0.16.1")
     registry.add(Patch(
         "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
-        "attribute", False, FEATURE, condition=te_missing, megatron=until, outside=outside,
+        "attribute", False, FEATURE, condition=te_missing, megatron=until, ends=ends,
         why="its TE names are None without TE; the module believed TE was there"))
     registry.extend(_norm_linear_records())
 
@@ -65,8 +69,8 @@ def _norm_linear_records():
     return [Patch(
         "mla_local.fused_q_norm",
         "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.__init__", "wrap",
-        _with_local_fused_q_norm, FEATURE, megatron=">=0.19",
-        outside="the Q/KV norm resolver exists from 0.19",
+        _with_local_fused_q_norm, FEATURE, megatron=">=0.19,<0.20",
+        starts="the Q/KV norm resolver exists from 0.19",
         why="MLA without a query LoRA: the query projection's fused norm, built from "
             "megatron-core's own layers where TE's is missing (as TE's spec resolves it)")]
 

@@ -29,6 +29,9 @@ from ..registry import Patch
 FEATURE = "moe_device_balance.complementary_seq_aux_loss"
 REQUIRED = False
 DESCRIPTION = "--moe-complementary-seq-aux-loss (DeepSeek-V3's loss on the routing that happened)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router:TopKRouter."
 LOSS_NAME = "seq_load_balancing_loss"
 
@@ -81,10 +84,11 @@ def mmp_transformer_config(args, config):
 def mmp_register_patches(registry):
     registry.add(Patch(f"{FEATURE}.routing", ROUTER + "routing", "wrap", _routing, FEATURE,
                        why="--moe-complementary-seq-aux-loss: the sequence loss from the routed "
-                           "map, attached after upstream routing"))
+                           "map, attached after upstream routing", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(f"{FEATURE}.upstream_term", ROUTER + "_apply_seq_aux_loss", "wrap",
                        _upstream_term, FEATURE,
-                       why="--moe-complementary-seq-aux-loss: upstream's plain top-k term left out"))
+                       why="--moe-complementary-seq-aux-loss: upstream's plain top-k term left out",
+                       megatron=VERIFIED_MEGATRON))
 
 
 def _active(router) -> bool:

@@ -29,6 +29,9 @@ from ..registry import Patch
 FEATURE = "moe_device_balance.topk_prob_norm"
 REQUIRED = False
 DESCRIPTION = "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid without it)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router"
 
 _config = contextvars.ContextVar("mmp_topk_norm_config", default=None)
@@ -70,11 +73,12 @@ def mmp_transformer_config(args, config):
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(f"{FEATURE}.routing", f"{ROUTER}:TopKRouter.routing", "wrap", _routing,
-                       FEATURE, why="--moe-router-norm-topk-prob: the routing router's config"))
+                       FEATURE, why="--moe-router-norm-topk-prob: the routing router's config",
+                       megatron=VERIFIED_MEGATRON))
     registry.add(Patch(f"{FEATURE}.topk", f"{ROUTER}:topk_routing_with_score_function", "wrap",
                        _topk, FEATURE,
                        why="--moe-router-norm-topk-prob: selected probabilities normalised "
-                           "before the scaling factor"))
+                           "before the scaling factor", megatron=VERIFIED_MEGATRON))
 
 
 def _routing(wrapped, instance, args, kwargs):

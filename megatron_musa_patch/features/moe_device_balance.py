@@ -24,15 +24,18 @@ from typing import List
 
 import torch
 
-from .. import compat, moe_balance
+from .. import moe_balance
 from ..binding import call_arguments
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
-from ..registry import Patch
+from ..registry import Patch, patches_at
 
 FEATURE = "moe_device_balance"
 REQUIRED = False
 DESCRIPTION = "DeepSeek-V2 device-level and communication balance losses, device-level capacity"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 DEVICE_LOSS = "device_level_balancing_loss"
 COMM_LOSS = "communication_balancing_loss"
@@ -114,14 +117,16 @@ def track(session, names: List[str]) -> None:
 @hookimpl
 def mmp_register_patches(session, registry):
     registry.add(Patch(f"{FEATURE}.routing", f"{ROUTER}:TopKRouter.routing", "wrap", _routing,
-                       FEATURE, why="device-level / communication losses after upstream routing"))
+                       FEATURE, why="device-level / communication losses after upstream routing",
+                       megatron=VERIFIED_MEGATRON))
     registry.add(Patch(f"{FEATURE}.token_dropping", f"{ROUTER}:apply_router_token_dropping",
                        "wrap", _token_dropping, FEATURE,
-                       why="--moe-device-level-capacity: capacity per device, not per expert"))
-    registry.extend(compat.patches(
+                       why="--moe-device-level-capacity: capacity per device, not per expert",
+                       megatron=VERIFIED_MEGATRON))
+    registry.extend(patches_at(
         "moe_metrics_report", f"{FEATURE}.track_moe_metrics", "wrap",
         functools.partial(_track_moe_metrics, _tracked(session)), FEATURE,
-        why="log the two losses next to upstream's"))
+        why="log the two losses next to upstream's", megatron=VERIFIED_MEGATRON))
 
 
 def _cfg(config, name, default=0.0):

@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import copy
 
-from .. import compat
 from ..binding import call_arguments
 from ..conditions import importable, te_installed
 from ..flag_needs import FlagNeed
 from ..hookspecs import hookimpl
-from ..registry import Patch
+from ..registry import Patch, patches_at
 
 FEATURE = "moe_fusion"
 REQUIRED = False
 DESCRIPTION = "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 TE_FUSED = ("fused_permute", "fused_permute_with_probs", "fused_unpermute",
@@ -79,7 +81,7 @@ def mmp_register_patches(registry):
 
     def add(pid, target, kind, impl, condition, why, **extra):
         registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, condition=condition,
-                           why=why, **extra))
+                           why=why, **extra, megatron=VERIFIED_MEGATRON))
 
     for name in TE_FUSED:
         add(name, f"{MOE_UTILS}:{name}", "attribute", getattr(moe_permute, name), _without_te,
@@ -93,14 +95,16 @@ def mmp_register_patches(registry):
     # the local spec's grouped-GEMM experts (GroupedMLP and its glue exist before 0.17 only)
     for name, value in (("grouped_gemm", _GroupedGemmPackage()),
                         ("ops", _GroupedGemmPackage.ops)):
-        registry.extend(compat.patches(
+        registry.extend(patches_at(
             "grouped_gemm_util", f"{FEATURE}.grouped_gemm_{'ops' if name == 'ops' else 'package'}",
             "attribute", value, FEATURE, condition=_without_grouped_gemm, create=True,
-            attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm"))
-    registry.extend(compat.patches(
+            attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm",
+            megatron=VERIFIED_MEGATRON))
+    registry.extend(patches_at(
         "grouped_mlp_forward", f"{FEATURE}.grouped_mlp_dtype", "wrap", _grouped_mlp_forward,
         FEATURE, condition=_without_grouped_gemm,
-        why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype"))
+        why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype",
+        megatron=VERIFIED_MEGATRON))
     add("capability_check", "megatron.training.arguments:validate_args", "wrap",
         _validate_args, _without_grouped_gemm,
         "--moe-grouped-gemm passes Megatron-LM's CUDA compute-capability assertion")

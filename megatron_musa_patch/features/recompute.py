@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import functools
 
-from .. import compat
 from ..errors import ArgumentError
 from ..hookspecs import hookimpl
 from ..recompute import grouped, rules, wrappers
-from ..registry import Patch
+from ..registry import Patch, patches_at
 
 FEATURE = wrappers.FEATURE
 REQUIRED = False
 DESCRIPTION = "--attn-recompute, --mlp-recompute, --recompute-variance"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 _LAYER = "megatron.core.transformer.transformer_layer:TransformerLayer."
 _EXPERTS = "megatron.core.transformer.moe.experts:"
@@ -52,42 +54,52 @@ def mmp_register_patches(session, registry):
     registry.extend([
         Patch("recompute.attention_block", _LAYER + "_forward_attention", "wrap",
               bound(wrappers.forward_attention), FEATURE,
-              why="--attn-recompute checkpoints the attention block; variance: norm recompute"),
+              why="--attn-recompute checkpoints the attention block; variance: norm recompute",
+              megatron=VERIFIED_MEGATRON),
         Patch("recompute.mlp_block", _LAYER + "_forward_mlp", "wrap",
               bound(wrappers.forward_mlp), FEATURE,
-              why="--mlp-recompute checkpoints the MLP block; variance: norm recompute"),
+              why="--mlp-recompute checkpoints the MLP block; variance: norm recompute",
+              megatron=VERIFIED_MEGATRON),
         Patch("recompute.sequential_experts", _EXPERTS + "SequentialMLP.forward", "wrap",
               bound(wrappers.experts_forward), FEATURE,
-              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
-        *compat.patches("grouped_mlp_forward", "recompute.grouped_experts", "wrap",
+              why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
+              megatron=VERIFIED_MEGATRON),
+        *patches_at("grouped_mlp_forward", "recompute.grouped_experts", "wrap",
                         bound(wrappers.experts_forward), FEATURE,
                         why="--mlp-recompute checkpoints the expert computation (not the "
-                            "dispatch)"),
+                            "dispatch)", megatron=VERIFIED_MEGATRON),
         Patch("recompute.te_grouped_experts", _EXPERTS + "TEGroupedMLP.forward", "wrap",
               bound(wrappers.experts_forward), FEATURE,
-              why="--mlp-recompute checkpoints the expert computation (not the dispatch)"),
+              why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
+              megatron=VERIFIED_MEGATRON),
         Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
               bound(wrappers.shared_experts_forward), FEATURE,
-              why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)"),
-        *compat.patches("grouped_mlp_gemm_module", "recompute.grouped_experts_fc2", "attribute",
+              why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)",
+              megatron=VERIFIED_MEGATRON),
+        *patches_at("grouped_mlp_gemm_module", "recompute.grouped_experts_fc2", "attribute",
                         grouped.GroupedGemmModule(), FEATURE,
                         why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the "
-                            "recompute, its backward applied from the saved output gradient"),
+                            "recompute, its backward applied from the saved output gradient",
+                            megatron=VERIFIED_MEGATRON),
         Patch("recompute.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
               "wrap", bound(wrappers.overlapped_shared_fc1), FEATURE,
               why="--mlp-recompute with --moe-shared-expert-overlap: the shared expert still "
-                  "runs inside the token dispatch (the overlap is kept); its fc1 input is kept"),
+                  "runs inside the token dispatch (the overlap is kept); its fc1 input is kept",
+                  megatron=VERIFIED_MEGATRON),
         Patch("recompute.overlapped_shared_expert_fc2", _SHARED + "linear_fc2_forward", "wrap",
               bound(wrappers.overlapped_shared_fc2), FEATURE,
               why="--mlp-recompute with --moe-shared-expert-overlap: the overlapped shared "
                   "expert's fc1 output and activation are released and recomputed from its fc1 "
-                  "input before fc2's backward (not kept, as under --mlp-recompute's checkpoint)"),
+                  "input before fc2's backward (not kept, as under --mlp-recompute's checkpoint)",
+                  megatron=VERIFIED_MEGATRON),
         Patch("recompute.deferred_linear", _LAYERS + "RowParallelLinear._forward_impl", "wrap",
               wrappers.row_parallel_forward_impl, FEATURE,
-              why="--recompute-variance: the block's last linear skips its forward in recompute"),
+              why="--recompute-variance: the block's last linear skips its forward in recompute",
+              megatron=VERIFIED_MEGATRON),
         Patch("recompute.deferred_reduce", _LAYERS + "reduce_from_tensor_model_parallel_region",
               "wrap", wrappers.reduce_passes_deferred, FEATURE,
-              why="--recompute-variance: no all-reduce of a skipped linear's placeholder"),
+              why="--recompute-variance: no all-reduce of a skipped linear's placeholder",
+              megatron=VERIFIED_MEGATRON),
     ])
 
 

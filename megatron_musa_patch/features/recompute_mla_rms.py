@@ -26,6 +26,9 @@ from ..registry import Patch
 FEATURE = "recompute.mla_rms"
 REQUIRED = False
 DESCRIPTION = "--q-rms-recompute, --mla-rms-recompute (MT-Megatron's MLA RMSNorm recompute)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 FLAGS = ("q_rms_recompute", "mla_rms_recompute")
 
 
@@ -36,7 +39,8 @@ def mmp_register_patches(session, registry):
         "megatron.core.transformer.multi_latent_attention:"
         "MLASelfAttention.get_query_key_value_tensors", "wrap",
         functools.partial(rms.mla_qkv_norms, session), FEATURE,
-        why="--q-rms-recompute: MLA's q/kv RMSNorm outputs released, recomputed in backward"))
+        why="--q-rms-recompute: MLA's q/kv RMSNorm outputs released, recomputed in backward",
+        megatron=VERIFIED_MEGATRON))
 
 
 @hookimpl

@@ -25,6 +25,9 @@ from ..registry import Patch
 FEATURE = "recompute.mlp_rms"
 REQUIRED = False
 DESCRIPTION = "--mlp-rms-recompute (MT-Megatron's pre-MLP RMSNorm + shared expert recompute)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 FLAGS = ("mlp_rms_recompute",)
 _SHARED = "megatron.core.transformer.moe.shared_experts:SharedExpertMLP."
 
@@ -39,17 +42,20 @@ def mmp_register_patches(session, registry):
               "megatron.core.transformer.transformer_layer:TransformerLayer._forward_mlp", "wrap",
               bound(rms.pre_mlp_norm), FEATURE,
               why="--mlp-rms-recompute: a MoE layer's pre-MLP norm output released, "
-                  "recomputed in backward"),
+                  "recomputed in backward", megatron=VERIFIED_MEGATRON),
         Patch(f"{FEATURE}.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
               bound(rms.shared_expert), FEATURE,
-              why="--mlp-rms-recompute: the shared expert checkpointed"),
+              why="--mlp-rms-recompute: the shared expert checkpointed",
+              megatron=VERIFIED_MEGATRON),
         Patch(f"{FEATURE}.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
               "wrap", bound(rms.overlapped_shared_fc1), FEATURE,
-              why="--mlp-rms-recompute with --moe-shared-expert-overlap: overlap kept"),
+              why="--mlp-rms-recompute with --moe-shared-expert-overlap: overlap kept",
+              megatron=VERIFIED_MEGATRON),
         Patch(f"{FEATURE}.overlapped_shared_expert_fc2", _SHARED + "linear_fc2_forward", "wrap",
               bound(rms.overlapped_shared_fc2), FEATURE,
               why="--mlp-rms-recompute with --moe-shared-expert-overlap: the shared expert's "
-                  "fc1 output and activation released, recomputed before fc2's backward"),
+                  "fc1 output and activation released, recomputed before fc2's backward",
+                  megatron=VERIFIED_MEGATRON),
     ])
 
 

@@ -29,6 +29,11 @@ REQUIRED = False
 DESCRIPTION = ("destroy_model_parallel destroys the gloo groups initialize_model_parallel made "
                "(CPU row), instead of leaving their sockets and threads behind")
 
+#: the releases this feature's records were verified on (docs/compatibility.md); it reads
+#: torch's private registry of process groups (distributed_c10d._world)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+VERIFIED_TORCH = ">=2.11,<2.16"
+
 PARALLEL_STATE = "megatron.core.parallel_state"
 
 
@@ -69,7 +74,8 @@ def _registered():
 @hookimpl
 def mmp_register_patches(registry):
     groups = ModelParallelGroups()
-    record = functools.partial(Patch, feature=FEATURE, devices=frozenset({"cpu"}))
+    record = functools.partial(Patch, feature=FEATURE, devices=frozenset({"cpu"}),
+                               megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH)
     registry.add(record(f"{FEATURE}.initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
                         "wrap", groups.record_initialize,
                         why="remember the groups it registers, to destroy them with it"))

@@ -34,6 +34,9 @@ FEATURE = "throughput"
 REQUIRED = False
 DESCRIPTION = "tokens/s per device and MFU in the training log (FLOPs counted for the model)"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 TRAINING = "megatron.training.training"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+) \|")
 BATCH = re.compile(r"global batch size: +(\d+) \|")
@@ -45,11 +48,13 @@ def mmp_register_patches(session, registry, device):
     registry.add(Patch(
         "throughput.train", f"{TRAINING}:train", "wrap",
         functools.partial(_train, resolved, device), FEATURE,
-        why="count the model's FLOPs and resolve the device peak before the training loop"))
+        why="count the model's FLOPs and resolve the device peak before the training loop",
+        megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap",
         functools.partial(_print_rank_last, resolved), FEATURE,
-        why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line"))
+        why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line",
+        megatron=VERIFIED_MEGATRON))
 
 
 @hookimpl

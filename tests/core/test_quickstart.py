@@ -19,10 +19,11 @@ def installed_tag():
     """The Megatron-LM tag of the installed megatron-core's row (0.19.2 -> core_v0.19.0)."""
     from importlib.metadata import version
 
-    from megatron_musa_patch import releases
+    from megatron_musa_patch.upstream import tables
+    from megatron_musa_patch.upstream.ranges import row_of
 
     core = version("megatron-core")
-    tag = releases.release_of(core).lm_tag
+    tag = row_of(tables.MEGATRON, core).lm_tag
     assert tag.startswith("core_v" + ".".join(core.split(".")[:2])), (core, tag)
     return tag
 

@@ -12,6 +12,7 @@ from megatron_musa_patch.recompute import blocks, norm_output
 
 from megatron_musa_patch.hookspecs import hookimpl
 from megatron_musa_patch.registry import Patch
+from megatron_musa_patch.upstream import tables
 
 FEATURE = "recompute_probe"
 
@@ -39,7 +40,8 @@ norm_output.NormOutput.restore = _counted_restore
 @hookimpl
 def mmp_register_patches(registry, device):
     registry.add(Patch("recompute_probe.train_step", "megatron.training.training:train_step",
-                       "wrap", _probe, FEATURE, megatron=None, why="test probe"))
+                       "wrap", _probe, FEATURE, megatron=tables.MEGATRON_SUPPORTED,
+                       why="test probe"))
 
 
 def _digest(tensors):

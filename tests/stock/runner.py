@@ -113,7 +113,7 @@ def assert_grouped_experts(log, release):
     """--moe-grouped-gemm on the local spec ran GroupedMLP (0.16: upstream warns when it selects
     it), or the release has none (removed in 0.17: the experts are SequentialMLP) and the patch
     table shows the layer's GroupedMLP records standing aside for that reason."""
-    from megatron_musa_patch.compat import facts
+    from megatron_musa_patch.upstream import facts
 
     if facts.holds("local_spec_has_grouped_mlp", release.first):
         assert GROUPED_MLP_SELECTED in log

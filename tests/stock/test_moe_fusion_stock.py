@@ -16,7 +16,7 @@ grouped_gemm assertion). fp32, dropout off, tolerance 1e-5 per iteration:
 
 import pytest
 
-from megatron_musa_patch.compat import facts
+from megatron_musa_patch.upstream import facts
 
 from .runner import GROUPED_MLP_SELECTED, run_stock
 from .test_pretrain_gpt import assert_close

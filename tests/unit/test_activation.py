@@ -70,7 +70,7 @@ def test_mmp_run_runs_the_script_as_main_in_every_rank(tmp_path):
 def test_mmp_patches_json_and_doctor():
     import subprocess
 
-    from megatron_musa_patch import versions
+    from megatron_musa_patch.upstream import installed
     proc = subprocess.run([MMP, "patches", "--json"], env=subprocess_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -79,9 +79,9 @@ def test_mmp_patches_json_and_doctor():
     statuses = {p["id"]: p["status"] for p in table["patches"]}
     assert statuses["device.torch_cuda.current_device"] == "applied"
     # megatron.core was imported: applied, or skipped where upstream fixed it (0.17+)
-    from megatron_musa_patch.compat import facts
+    from megatron_musa_patch.upstream import facts
 
-    fixed = facts.holds("moe_utils_defines_te_names", versions.megatron_core_version())
+    fixed = facts.holds("moe_utils_defines_te_names", installed.megatron_core_version())
     assert statuses["upstream_fixes.moe_te_general_gemm"] == ("skipped" if fixed else "applied")
     assert not [p for p in table["patches"] if p["status"] == "failed"]
     doctor = subprocess.run([MMP, "doctor"], env=subprocess_env(), capture_output=True,
@@ -109,7 +109,7 @@ def test_musa_requested_without_torch_musa():
 
 
 def test_missing_patch_target_names_target_feature_and_version():
-    from megatron_musa_patch import versions
+    from megatron_musa_patch.upstream import installed
 
     proc = run_python("import megatron_musa_patch\nimport megatron.core.utils",
                       env=subprocess_env(MEGATRON_MUSA_PATCH_PLUGINS="broken_target_plugin",
@@ -117,7 +117,7 @@ def test_missing_patch_target_names_target_feature_and_version():
     assert proc.returncode != 0
     text = one_paragraph(proc.stderr)
     for part in ("megatron.core.utils:no_such_function", "feature 'broken_target'",
-                 str(versions.megatron_core_version())):
+                 str(installed.megatron_core_version())):
         assert part in text
 
 

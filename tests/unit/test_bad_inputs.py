@@ -97,9 +97,10 @@ def test_megatron_lm_checkout_of_an_unverified_version(tmp_path):
     text = one_paragraph(proc.stderr)
     assert f"the Megatron-LM checkout at {old} (MEGATRON_LM_PATH, or the first one on sys.path) " \
         f"is Megatron-LM 0.15.0" in text
-    from megatron_musa_patch import releases, versions
+    from megatron_musa_patch.upstream import installed, tables
+    from megatron_musa_patch.upstream.ranges import row_of
 
-    tag = releases.release_of(versions.megatron_core_version()).lm_tag
+    tag = row_of(tables.MEGATRON, installed.megatron_core_version()).lm_tag
     assert "git -C" in text and f"checkout {tag}" in text
     assert "MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1" in text
     unknown = fake_checkout(tmp_path / "unknown")

@@ -25,9 +25,9 @@ print("removed", len(logger._activation_hooks))
 
 
 def _before_0_18():
-    from megatron_musa_patch import versions
+    from megatron_musa_patch.upstream import installed
 
-    return versions.megatron_core_version() < Version("0.18")
+    return installed.megatron_core_version() < Version("0.18")
 
 
 pytestmark = [

@@ -32,11 +32,10 @@ def test_every_reader_answers_no_te():
 def test_without_the_fix_upstream_0_16_raises():
     """The probe is what the fix makes pass: switched off on a release before upstream's own fix,
     the helper compares None with a version."""
-    from megatron_musa_patch import versions
-    from megatron_musa_patch.compat import facts
+    from megatron_musa_patch.upstream import facts, installed
 
     proc = run_python(PROBE, env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.te_version"))
-    if facts.holds("te_version_without_te", versions.megatron_core_version()):
+    if facts.holds("te_version_without_te", installed.megatron_core_version()):
         assert proc.returncode == 0, proc.stderr[-3000:]  # upstream answers 0.0.0 itself
     else:
         assert proc.returncode != 0 and "TypeError" in proc.stderr, proc.stderr[-3000:]

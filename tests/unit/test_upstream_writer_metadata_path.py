@@ -38,9 +38,9 @@ print("after", sorted(FileSystemReader(ckpt).read_metadata().state_dict_metadata
 
 
 def _needs_0_16():
-    from megatron_musa_patch import versions
+    from megatron_musa_patch.upstream import installed
 
-    return versions.megatron_core_version() >= Version("0.17")
+    return installed.megatron_core_version() >= Version("0.17")
 
 
 pytestmark = pytest.mark.skipif(_needs_0_16(), reason="megatron-core 0.17 reads the metadata path "

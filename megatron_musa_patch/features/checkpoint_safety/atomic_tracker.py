@@ -16,23 +16,27 @@ import builtins
 import glob
 import os
 
-from ... import compat
 from ...binding import call_arguments
 from ...hookspecs import hookimpl
+from ...registry import patches_at
 from .common import TRACKER, msc_enabled
 
 FEATURE = "checkpoint_safety.atomic_tracker"
 REQUIRED = False
 DESCRIPTION = "latest_checkpointed_iteration.txt replaced atomically, never truncated in place"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 TMP = ".mmp-tmp-"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.extend(compat.patches(
+    registry.extend(patches_at(
         "checkpoint_tracker_open", FEATURE, "wrap",
         {"open_file": _open_tracker_atomically, "maybe_msc": _maybe_msc_open}, FEATURE,
-        why="latest_checkpointed_iteration.txt is replaced atomically, never truncated in place"))
+        why="latest_checkpointed_iteration.txt is replaced atomically, never truncated in place",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _open_arguments(file=None, mode="r", *_, **__):

@@ -16,6 +16,9 @@ FEATURE = "checkpoint_safety.exact_resume_rng"
 REQUIRED = False
 DESCRIPTION = "building the data iterators leaves the host RNG (the CPU row's dropout) untouched"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(registry, device):
@@ -24,7 +27,8 @@ def mmp_register_patches(registry, device):
         _keep_host_rng_state, FEATURE,
         condition=lambda: device.rng_shared_with_host or
         f"dropout on {device.name} draws from the device's own generator",
-        why="the DataLoader's seed draw does not shift the dropout stream of a resumed run"))
+        why="the DataLoader's seed draw does not shift the dropout stream of a resumed run",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _keep_host_rng_state(wrapped, instance, args, kwargs):

@@ -22,6 +22,9 @@ FEATURE = "checkpoint_safety.no_rewrite_of_loaded"
 REQUIRED = False
 DESCRIPTION = "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(session, registry):
@@ -29,7 +32,8 @@ def mmp_register_patches(session, registry):
         FEATURE, f"{CHECKPOINTING}:save_checkpoint", "wrap",
         functools.partial(_skip_rewrite_of_loaded_latest, session), FEATURE,
         rebind=("megatron.training.training",),
-        why="a job that trained nothing since loading does not rewrite that checkpoint in place"))
+        why="a job that trained nothing since loading does not rewrite that checkpoint in place",
+        megatron=VERIFIED_MEGATRON))
 
 
 def loaded_latest_unchanged(iteration, save_dir, load_dir, loaded_iteration,

@@ -19,6 +19,9 @@ from .common import CHECKPOINTING, CheckpointError, msc_enabled
 FEATURE = "checkpoint_safety.tracker_check"
 REQUIRED = False
 DESCRIPTION = "an unreadable tracker, or one naming a missing checkpoint, is an error"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
@@ -27,7 +30,7 @@ def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, f"{CHECKPOINTING}:read_metadata", "wrap", _read_metadata, FEATURE,
         why="an unreadable tracker, or one naming a missing checkpoint, is an error "
-            "(upstream exits with status 0)"))
+            "(upstream exits with status 0)", megatron=VERIFIED_MEGATRON))
 
 
 def checkpoint_dirs(save_dir: str):

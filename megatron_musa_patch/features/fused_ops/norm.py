@@ -23,6 +23,9 @@ from .spec import local_spec
 FEATURE = "fused_ops.norm"
 REQUIRED = False
 DESCRIPTION = "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 APEX_NORM = "megatron.core.fusions.fused_layer_norm"
 
 
@@ -49,11 +52,12 @@ def mmp_register_patches(registry):
         f"{FEATURE}.local_norm", "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
         "wrap", _local_norm, FEATURE,
         why="local norms: --persist-layer-norm is a kernel hint, --sequence-parallel marks "
-            "the weights; forward/backward from ops.norm"))
+            "the weights; forward/backward from ops.norm", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         f"{FEATURE}.apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
         _apex_layer_norm, FEATURE, condition=_apex_without_norm_kernels,
-        why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm"))
+        why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _apex_without_norm_kernels():

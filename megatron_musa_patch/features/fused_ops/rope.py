@@ -20,6 +20,9 @@ from ...registry import Patch
 FEATURE = "fused_ops.rope"
 REQUIRED = False
 DESCRIPTION = "--rope-fusion without TransformerEngine (ops.rope)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROPE = "megatron.core.models.common.embeddings.rope_utils"
 CONFIG = "megatron.core.transformer.transformer_config"
 SLOTS = ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd")
@@ -45,20 +48,23 @@ def mmp_register_patches(session, registry):
         registry.add(Patch(
             f"{FEATURE}.{slot}", f"{ROPE}:{slot}", "attribute", _slot(slot), FEATURE,
             condition=lambda s=slot: _slot_empty(s),
-            why="--rope-fusion without TransformerEngine: ops.rope"))
+            why="--rope-fusion without TransformerEngine: ops.rope", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         f"{FEATURE}.apply_rotary_pos_emb", f"{ROPE}:apply_rotary_pos_emb", "wrap", _apply_rope,
         FEATURE, condition=te_missing,
-        why="--rope-fusion: ops.rope with the unfused path's semantics (interleaved, thd, MLA)"))
+        why="--rope-fusion: ops.rope with the unfused path's semantics (interleaved, thd, MLA)",
+        megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         f"{FEATURE}.config_check", f"{CONFIG}:TransformerConfig.__post_init__", "wrap",
         _config_with_our_rope, FEATURE, condition=te_missing,
-        why="--rope-fusion --rotary-interleaved: ops.rope handles it (upstream asks for TE 2.3)"))
+        why="--rope-fusion --rotary-interleaved: ops.rope handles it (upstream asks for TE 2.3)",
+        megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         f"{FEATURE}.mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
         functools.partial(_mla_without_fused_rope, session.state_for(FEATURE, set)), FEATURE,
         devices=frozenset({"cpu", "musa"}),
-        why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here"))
+        why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _slot(slot):

@@ -14,6 +14,9 @@ from .spec import local_spec
 FEATURE = "fused_ops.softmax"
 REQUIRED = False
 DESCRIPTION = "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULES = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
            "scaled_softmax_cuda")
 
@@ -32,7 +35,8 @@ def mmp_register_patches(registry):
         registry.add(Patch(
             f"{FEATURE}.{name}", f"{name}:*", "module", filler(name), FEATURE,
             condition=lambda n=name: missing(n),
-            why="--masked-softmax-fusion: fused scale+mask+softmax in fp32 (ops.softmax)"))
+            why="--masked-softmax-fusion: fused scale+mask+softmax in fp32 (ops.softmax)",
+            megatron=VERIFIED_MEGATRON))
 
 
 def filler(name):

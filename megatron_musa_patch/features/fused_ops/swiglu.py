@@ -13,6 +13,9 @@ FEATURE = "fused_ops.swiglu"
 REQUIRED = False
 DESCRIPTION = "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(registry):
@@ -20,7 +23,8 @@ def mmp_register_patches(registry):
         FEATURE, "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
         bias_swiglu, FEATURE, rebind=("megatron.core.transformer.mlp",
                                       "megatron.core.transformer.moe.shared_experts"),
-        why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)"))
+        why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)",
+        megatron=VERIFIED_MEGATRON))
 
 
 def bias_swiglu(wrapped, instance, args, kwargs):

@@ -13,6 +13,9 @@ from .spec import local_spec
 FEATURE = "fused_ops.wgrad_accumulation"
 REQUIRED = False
 DESCRIPTION = "--gradient-accumulation-fusion without Apex (ops.grad_accum)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULE = "fused_weight_gradient_mlp_cuda"
 
 FLAG_NEEDS = (FlagNeed(
@@ -27,7 +30,8 @@ FLAG_NEEDS = (FlagNeed(
 def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, f"{MODULE}:*", "module", _fill, FEATURE, condition=lambda: missing(MODULE),
-        why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad"))
+        why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _fill(module):

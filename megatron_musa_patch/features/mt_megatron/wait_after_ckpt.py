@@ -23,6 +23,9 @@ from ...upstream_args import args_read_by
 FEATURE = "mt_megatron.wait_after_ckpt"
 REQUIRED = False
 DESCRIPTION = "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 CHECKPOINTING = "megatron.training.checkpointing"
 
 
@@ -46,7 +49,8 @@ def mmp_register_patches(registry):
     registry.add(Patch(f"{FEATURE}.save", f"{CHECKPOINTING}:save_checkpoint",
                        "wrap", functools.partial(after_save, time.sleep), FEATURE,
                        rebind=("megatron.training.training", "megatron.training.utils"),
-                       why="--wait-after-ckpt: wait after each checkpoint save"))
+                       why="--wait-after-ckpt: wait after each checkpoint save",
+                       megatron=VERIFIED_MEGATRON))
 
 
 def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):

@@ -26,8 +26,8 @@ DESCRIPTION = "activation logging matches megatron-core's layers without TE (TE'
 def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, "megatron.training.activation_logging:_register_hooks", "wrap",
-        _only_classes, FEATURE, condition=te_missing, megatron=">=0.18",
-        outside="megatron.training.activation_logging arrives in 0.18",
+        _only_classes, FEATURE, condition=te_missing, megatron=">=0.18,<0.20",
+        starts="megatron.training.activation_logging arrives in 0.18",
         why="without TE its TE layer 'classes' are MagicMock instances, which isinstance refuses"))
 
 

@@ -20,6 +20,9 @@ FEATURE = "upstream_fixes.adam_step_after_init_state"
 REQUIRED = False
 DESCRIPTION = ("torch's Adam steps moments init_state_fn filled before any step, as FusedAdam "
                "does")
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer.optimizer"
 
 
@@ -32,7 +35,7 @@ def mmp_register_patches(registry):
             f"{FEATURE}.{owner}", f"{OPTIMIZER}:{owner}.step_with_ready_grads", "wrap",
             _step_with_complete_states, FEATURE,
             why="torch's Adam wants a 'step' wherever it finds moments; init_state_fn fills "
-                "the moments only"))
+                "the moments only", megatron=VERIFIED_MEGATRON))
 
 
 def _step_with_complete_states(wrapped, instance, args, kwargs):

@@ -14,6 +14,9 @@ from ...registry import Patch
 FEATURE = "upstream_fixes.checkpoint_without_output_fp8"
 REQUIRED = False
 DESCRIPTION = "CheckpointWithoutOutput without TE does not take its fp8 branch"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 RANDOM = "megatron.core.tensor_parallel.random"
 
 
@@ -22,7 +25,8 @@ def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, f"{RANDOM}:CheckpointWithoutOutput.__init__", "wrap", _init, FEATURE,
         condition=te_missing,
-        why="fp8=False/None means no fp8; without TE there is no fp8 at all"))
+        why="fp8=False/None means no fp8; without TE there is no fp8 at all",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _init(wrapped, instance, args, kwargs):

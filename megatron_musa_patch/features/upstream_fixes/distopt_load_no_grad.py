@@ -12,13 +12,17 @@ FEATURE = "upstream_fixes.distopt_load_no_grad"
 REQUIRED = False
 DESCRIPTION = "fp32 distributed-optimizer state loads into parameter views without autograd"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, "megatron.core.optimizer.distrib_optimizer:"
         "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _without_grad,
-        FEATURE, why="fp32 main params are views of grad-requiring params: copy without autograd"))
+        FEATURE, why="fp32 main params are views of grad-requiring params: copy without autograd",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _without_grad(wrapped, instance, args, kwargs):

@@ -23,6 +23,9 @@ from .adam_steps import shared_step
 FEATURE = "upstream_fixes.distopt_step_counters"
 REQUIRED = False
 DESCRIPTION = "per-parameter optimizer steps survive checkpoint loads without Apex/TE"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 DISTOPT = "megatron.core.optimizer.distrib_optimizer"
 _NO_STEP_YET = "_mmp_no_step_yet"
 
@@ -31,7 +34,8 @@ _NO_STEP_YET = "_mmp_no_step_yet"
 def mmp_register_patches(registry):
     def add(pid, method, impl, why):
         registry.add(Patch(f"{FEATURE}.{pid}", f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
-                           impl, FEATURE, condition=_without_apex_or_te, why=why))
+                           impl, FEATURE, condition=_without_apex_or_te, why=why,
+                           megatron=VERIFIED_MEGATRON))
 
     add("state_dict_before_first_step", "state_dict", _state_dict_before_first_step,
         "the state dict of parameters that have not stepped yet (checkpoint loading asks for it "

@@ -14,13 +14,17 @@ FEATURE = "upstream_fixes.expert_bias_out_of_place"
 REQUIRED = False
 DESCRIPTION = "MoE experts with biases: the scaled fc2 bias is added out of place"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, "megatron.core.transformer.mlp:MLP.forward", "wrap", _forward, FEATURE,
         why="MoE experts with biases: the scaled fc2 bias is added out of place (upstream's "
-            "in-place add on the TP reduction's output fails in autograd)"))
+            "in-place add on the TP reduction's output fails in autograd)",
+            megatron=VERIFIED_MEGATRON))
 
 
 def _forward(wrapped, instance, args, kwargs):

@@ -9,9 +9,9 @@ the optimizer and the norm treat them as upstream does with EP > 1."""
 
 from __future__ import annotations
 
-from ...compat.facts import fixed_upstream
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream.facts import fixed_upstream
 
 FEATURE = "upstream_fixes.experts_reduced_over_expert_dp"
 REQUIRED = False
@@ -20,10 +20,11 @@ DESCRIPTION = "EP1 with ETP != TP: expert gradients reduced over the expert-data
 
 @hookimpl
 def mmp_register_patches(registry):
-    until, outside = fixed_upstream("experts_split_unlike_dense_reduced_over_expert_dp")
+    until, ends = fixed_upstream("experts_split_unlike_dense_reduced_over_expert_dp",
+                                 since="0.16.1")
     registry.add(Patch(
         FEATURE, "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
-        _mark_experts, FEATURE, megatron=until, outside=outside,
+        _mark_experts, FEATURE, megatron=until, ends=ends,
         why="EP1 with ETP != TP: expert gradients are reduced over the expert-data-parallel "
             "group (upstream leaves out the tensor-parallel ranks)"))
 

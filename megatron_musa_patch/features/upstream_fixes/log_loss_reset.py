@@ -26,12 +26,16 @@ FEATURE = "upstream_fixes.log_loss_reset"
 REQUIRED = False
 DESCRIPTION = "a job's first logged iteration on the log interval resets the loss accumulator"
 
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, "megatron.training.training:training_log", "wrap", _training_log, FEATURE,
-        why="a first iteration on the log interval is a regular log line: reset after it"))
+        why="a first iteration on the log interval is a regular log line: reset after it",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _training_log(wrapped, instance, args, kwargs):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from ...compat.facts import fixed_upstream
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream.facts import fixed_upstream
 
 FEATURE = "upstream_fixes.moe_te_general_gemm"
 REQUIRED = False
@@ -18,10 +18,10 @@ MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 
 @hookimpl
 def mmp_register_patches(registry):
-    until, outside = fixed_upstream("moe_utils_defines_te_names")
+    until, ends = fixed_upstream("moe_utils_defines_te_names", since="0.16.1")
     registry.add(Patch(
         FEATURE, f"{MOE_UTILS}:te_general_gemm", "attribute", None, FEATURE, create=True,
-        condition=_undefined, megatron=until, outside=outside,
+        condition=_undefined, megatron=until, ends=ends,
         why="define the name the router tests for (None: use torch.mm)"))
 
 

@@ -21,6 +21,9 @@ from ...registry import Patch
 FEATURE = "upstream_fixes.optimizer_lr_unset"
 REQUIRED = False
 DESCRIPTION = "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer"
 #: passes torch's constructor checks; replaced by None before anyone can read it
 _PLACEHOLDER_LR = 0.0
@@ -31,7 +34,8 @@ def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
         _build_with_lr_unset, FEATURE,
-        why="torch's optimizers reject lr=None in their constructor; TE's/Apex's keep it"))
+        why="torch's optimizers reject lr=None in their constructor; TE's/Apex's keep it",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _build_with_lr_unset(wrapped, instance, args, kwargs):

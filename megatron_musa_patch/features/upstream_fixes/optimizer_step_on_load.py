@@ -20,6 +20,9 @@ from .adam_steps import shared_step
 FEATURE = "upstream_fixes.optimizer_step_on_load"
 REQUIRED = False
 DESCRIPTION = "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer.optimizer"
 
 
@@ -30,7 +33,7 @@ def mmp_register_patches(registry):
             f"{FEATURE}.{owner}", f"{OPTIMIZER}:{owner}.load_state_dict", "wrap",
             _load_with_steps, FEATURE,
             why="torch's Adam refuses a loaded state without 'step'; megatron-core saves none "
-                "at step 0"))
+                "at step 0", megatron=VERIFIED_MEGATRON))
 
 
 def _load_with_steps(wrapped, instance, args, kwargs):

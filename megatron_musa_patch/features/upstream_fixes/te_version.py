@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from ...compat.facts import fixed_upstream
 from ...conditions import te_missing
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream.facts import fixed_upstream
 
 FEATURE = "upstream_fixes.te_version"
 REQUIRED = False
@@ -30,10 +30,10 @@ NO_TE_VERSION = Version("0.0.0")
 
 @hookimpl
 def mmp_register_patches(registry):
-    until, outside = fixed_upstream("te_version_without_te")
+    until, ends = fixed_upstream("te_version_without_te", since="0.16.1")
     registry.add(Patch(
         FEATURE, "megatron.core.utils:get_te_version", "wrap", _no_te_version, FEATURE,
-        condition=te_missing, megatron=until, outside=outside,
+        condition=te_missing, megatron=until, ends=ends,
         why="no TE means no TE version is new enough (what 0.17 answers: 0.0.0)"))
 
 

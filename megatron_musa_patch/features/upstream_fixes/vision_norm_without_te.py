@@ -20,6 +20,9 @@ from ...registry import Patch
 FEATURE = "upstream_fixes.vision_norm_without_te"
 REQUIRED = False
 DESCRIPTION = "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)"
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 NORM_PARAMETERS = ("ln_pre_impl", "ln_post_impl")
 
 
@@ -28,7 +31,8 @@ def mmp_register_patches(registry):
     registry.add(Patch(
         FEATURE, "megatron.core.models.vision.clip_vit_model:CLIPViTModel.__init__", "wrap",
         _init_with_buildable_norms, FEATURE, condition=te_missing,
-        why="torch.nn.LayerNorm, the default without TE, cannot be built with config="))
+        why="torch.nn.LayerNorm, the default without TE, cannot be built with config=",
+        megatron=VERIFIED_MEGATRON))
 
 
 def _init_with_buildable_norms(wrapped, instance, args, kwargs):

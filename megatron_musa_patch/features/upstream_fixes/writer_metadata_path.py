@@ -12,14 +12,18 @@ the writer the attribute back, as the path torch's own ``_get_metadata_path()`` 
 
 from __future__ import annotations
 
-from ...compat.facts import fixed_upstream
 from ...hookspecs import hookimpl
 from ...registry import Patch
+from ...upstream.facts import fixed_upstream
 
 FEATURE = "upstream_fixes.writer_metadata_path"
 REQUIRED = False
 DESCRIPTION = "remove_sharded_tensors finds torch's checkpoint metadata path (megatron-core 0.16)"
 WRITER = "torch.distributed.checkpoint.filesystem:FileSystemWriter"
+
+#: the torch releases this record was verified on: it reads the writer's private
+#: _get_metadata_path (docs/compatibility.md)
+VERIFIED_TORCH = ">=2.11,<2.16"
 
 
 class _MetadataPath:
@@ -32,10 +36,11 @@ class _MetadataPath:
 
 @hookimpl
 def mmp_register_patches(registry):
-    until, outside = fixed_upstream("remove_sharded_tensors_without_writer_metadata_path")
+    until, ends = fixed_upstream("remove_sharded_tensors_without_writer_metadata_path",
+                                 since="0.16.1")
     registry.add(Patch(
         FEATURE, f"{WRITER}.metadata_path", "attribute", _MetadataPath(), FEATURE, create=True,
-        condition=_writer_lacks_it, megatron=until, outside=outside,
+        condition=_writer_lacks_it, megatron=until, ends=ends, torch=VERIFIED_TORCH,
         why="megatron-core 0.16's remove_sharded_tensors renames writer.metadata_path"))
 
 

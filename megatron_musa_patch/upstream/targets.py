@@ -4,6 +4,9 @@ Each logical name maps to its locations: ``(range, target, flavour, rebind)``. `
 what kind of object is there when it changed (the feature picks the matching implementation);
 ``rebind`` lists modules that hold ``from <module> import <name>`` copies. A name that exists
 only in some releases has entries for those alone: the others skip the patch, saying why.
+
+A location's range is a fact about upstream and may be open (">=0.18": there from 0.18 on); the
+records made from it (:func:`patches`) are cut to the range their feature was verified on.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
-from .. import releases
+from .ranges import Range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,8 +24,6 @@ class Location:
     flavour: str = ""
     rebind: Tuple[str, ...] = ()
 
-
-_ALL = releases.VERIFIED_MEGATRON
 
 TARGETS: Dict[str, Tuple[Location, ...]] = {
     # 0.18 moved it into argument_utils; arguments re-exports it, and 0.19's pretrain_gpt.py
@@ -96,34 +97,12 @@ def load(name: str):
     """The object ``name`` names in the installed megatron-core (imported now)."""
     import importlib
 
-    from packaging.specifiers import SpecifierSet
+    from . import installed as installed_versions
 
-    from .. import versions
-
-    installed = versions.megatron_core_version()
+    installed = installed_versions.megatron_core_version()
     for location in variants(name):
-        if installed is None or installed in SpecifierSet(location.range, prereleases=True):
+        if installed is None or installed in Range.parse(location.range):
             module, _, attribute = location.target.partition(":")
             return getattr(importlib.import_module(module), attribute)
     raise ImportError(f"{name} has no location for megatron-core {installed} "
-                      f"(compat/targets.py)")
-
-
-def patches(name: str, patch_id: str, kind: str, impl, feature: str, attribute: str = "",
-            **fields) -> list:
-    """The records of one patch on the logical target ``name``: one variant per location, each
-    with its range (``impl`` may map each location's flavour to its implementation;
-    ``attribute`` names the attribute when ``name`` is a module). The releases without ``name``
-    skip the patch with the reason in ``GONE``."""
-    from ..registry import Patch
-
-    extra_rebind = tuple(fields.pop("rebind", ()))
-    outside = fields.pop("outside", "") or gone(name)
-    out = []
-    for location in variants(name):
-        chosen = impl[location.flavour] if isinstance(impl, dict) else impl
-        target = f"{location.target}:{attribute}" if attribute else location.target
-        out.append(Patch(patch_id, target, kind, chosen, feature,
-                         megatron=location.range, outside=outside,
-                         rebind=extra_rebind + location.rebind, **fields))
-    return out
+                      f"(upstream/targets.py)")

@@ -1,14 +1,15 @@
 """Upstream behaviour that changed between releases, as named version ranges.
 
 A feature asks ``session.upstream(fact)`` (or registers a record with ``fixed_upstream(fact)``)
-instead of comparing version numbers itself.
+instead of comparing version numbers itself. A fact's range may be open (">=0.17": from 0.17 on):
+it says what upstream does, not what the layer was verified on.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from packaging.specifiers import SpecifierSet
+from .ranges import Range
 
 #: fact -> (the releases where it holds, what it means)
 FACTS: Dict[str, Tuple[str, str]] = {
@@ -42,18 +43,17 @@ FACTS: Dict[str, Tuple[str, str]] = {
 
 def holds(fact: str, version) -> bool:
     """Whether ``fact`` holds for the Megatron ``version`` (False when it is unknown)."""
-    if version is None:
-        return False
-    return str(version) in SpecifierSet(FACTS[fact][0], prereleases=True)
+    return version is not None and version in Range.parse(FACTS[fact][0])
 
 
-def fixed_upstream(fact: str) -> Tuple[str, str]:
-    """For the record of a fix that upstream made later: its range (the releases before the
-    fact holds) and the note ``mmp doctor`` shows outside it."""
+def fixed_upstream(fact: str, since: str) -> Tuple[str, str]:
+    """For the record of a fix that upstream made later: its range, from ``since`` (the oldest
+    release it was verified on) to the release where the fact starts to hold, and its ``ends``
+    note (why ``mmp doctor`` shows it skipped from there on)."""
     spec, meaning = FACTS[fact]
-    if not spec.startswith(">="):
+    if not spec.startswith(">=") or "," in spec:
         raise ValueError(f"fact {fact!r} is not an upstream fix ({spec})")
-    return f"<{spec[2:]}", f"not needed: {meaning}"
+    return f">={since},<{spec[2:]}", f"not needed: {meaning}"
 
 
 def meaning(fact: str) -> Optional[str]:

@@ -1,9 +1,9 @@
-"""Versions of what the layer patches, read without importing Megatron.
+"""Versions of what the layer patches, read without importing Megatron or torch.
 
-Patches are gated on these: ``megatron.core`` targets on the installed megatron-core, and
+Patches are gated on these: ``megatron.core`` targets on the installed megatron-core,
 ``megatron.training`` / ``megatron.legacy`` / script targets on the Megatron-LM checkout the
-session found (``MEGATRON_LM_PATH``, or one on ``sys.path``). The checkout is passed in: this
-module keeps no state of its own.
+session found (``MEGATRON_LM_PATH``, or one on ``sys.path``), and torch ranges on the installed
+torch. The checkout is passed in: this module keeps no state of its own.
 """
 
 import functools
@@ -16,7 +16,7 @@ from typing import Optional
 
 from packaging.version import InvalidVersion, Version
 
-from . import releases
+from . import ranges, tables
 
 _VERSION_FIELDS = re.compile(r"^(MAJOR|MINOR|PATCH|PRE_RELEASE)\s*=\s*(.+)$", re.M)
 
@@ -77,6 +77,19 @@ def _parse(text: Optional[str]) -> Optional[Version]:
         return None
 
 
+def torch_version() -> Optional[Version]:
+    """The torch this process runs: the imported module's own version where torch is imported
+    (a source build on PYTHONPATH has no distribution), else the installed distribution's."""
+    module = sys.modules.get("torch")
+    return _parse(getattr(module, "__version__", None) or distribution_version("torch"))
+
+
+def torch_musa_version() -> Optional[str]:
+    """The installed torch_musa distribution (not imported: a torch_musa built on another torch
+    may fail, or crash, on import)."""
+    return distribution_version("torch_musa") or distribution_version("torch-musa")
+
+
 def version_for_target(module_name: str, lm_path: Optional[Path]) -> Optional[Version]:
     """The version a patch on ``module_name`` is gated on: megatron-core's for its own modules
     and, from 0.17 on, for ``megatron.training`` too (the wheel ships it); the Megatron-LM
@@ -84,7 +97,7 @@ def version_for_target(module_name: str, lm_path: Optional[Path]) -> Optional[Ve
     core = megatron_core_version()
     if module_name.startswith("megatron.core") or not module_name.startswith("megatron."):
         return core
-    release = releases.release_of(core)
+    release = ranges.row_of(tables.MEGATRON, core)
     if module_name.startswith("megatron.training") and release is not None and \
             release.training_from == "wheel":
         return core
@@ -95,7 +108,7 @@ def gating_distribution(module_name: str) -> str:
     """The name of what ``version_for_target`` reads for ``module_name`` (for messages)."""
     if module_name.startswith("megatron.core") or not module_name.startswith("megatron."):
         return "megatron-core"
-    release = releases.release_of(megatron_core_version())
+    release = ranges.row_of(tables.MEGATRON, megatron_core_version())
     if module_name.startswith("megatron.training") and release is not None and \
             release.training_from == "wheel":
         return "megatron-core"
@@ -106,8 +119,8 @@ def summary(lm: Optional[Path]) -> dict:
     """Versions shown by ``mmp doctor``."""
     return {
         "python": sys.version.split()[0],
-        "torch": distribution_version("torch"),
-        "torch_musa": distribution_version("torch_musa") or distribution_version("torch-musa"),
+        "torch": str(torch_version()) if torch_version() else None,
+        "torch_musa": torch_musa_version(),
         # Moore Threads' CUDA-to-MUSA adapter: the musa row's torch mapping (installed is not
         # imported: mmp doctor's "torch mapping" line says whether it is in use)
         "torchada": distribution_version("torchada"),
