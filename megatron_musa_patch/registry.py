@@ -75,7 +75,7 @@ class Patch:
     #: the one whose range holds the installed release applies.
     megatron: str = dataclasses.field(default="", kw_only=True)
     #: the torch releases likewise; required for records that patch torch and for those whose
-    #: code reaches torch's private names (``tests/unit/test_record_ranges.py``)
+    #: code reaches torch's private names (``tests/unit/test_compatibility.py``)
     torch: Optional[str] = dataclasses.field(default=None, kw_only=True)
     #: why the record is not needed from its upper bound on (upstream fixed or removed what it
     #: patches): a later release then skips it instead of trying it unverified
@@ -228,6 +228,7 @@ class Registry:
         if reason is not None:
             self._set(patch, SKIPPED, reason)
             return
+        self._unverified.pop(patch.key, None)
         status, reason = self.verdict(patch)
         if status == FAILED:
             self._fail(patch, reason)
@@ -502,12 +503,12 @@ class Registry:
 
 
 def patches_at(name: str, patch_id: str, kind: str, impl, feature: str, *, megatron: str,
-            attribute: str = "", **fields) -> list:
+               attribute: str = "", **fields) -> list:
     """The records of one patch on the logical target ``name``: one variant per location that
     the feature's verified range ``megatron`` reaches, each cut to it (``impl`` may map each
     location's flavour to its implementation; ``attribute`` names the attribute when ``name``
     is a module). The releases after a name was removed skip the patch with the reason in
-    ``GONE``."""
+    ``upstream/targets.py``'s ``GONE``."""
     extra_rebind = tuple(fields.pop("rebind", ()))
     ends = fields.pop("ends", "")
     verified = Range.parse(megatron)

@@ -63,10 +63,10 @@ def render_table(state, collapse: bool = True) -> str:
     lines = [header(state),
              "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, UNVERIFIED, DEFERRED,
                                                                     SKIPPED, FAILED)),
-             f"{'status':8} {'patch':{width_id}} {'target':{width_target}} reason"]
+             f"{'status':10} {'patch':{width_id}} {'target':{width_target}} reason"]
     for r in shown:
         target = r.target if len(r.target) <= width_target else "..." + r.target[-width_target + 3:]
-        lines.append(f"{r.status:8} {shown_id(r):{width_id}} {target:{width_target}} {r.reason}")
+        lines.append(f"{r.status:10} {shown_id(r):{width_id}} {target:{width_target}} {r.reason}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ dynamo reads ``torch.cuda.use_mem_pool.__wrapped__`` when it is first imported (
 type, and ``inspect.signature`` is asked by tracing code. A stand-in of another kind breaks
 such code at import, far from the device layer. :func:`follow` gives a stand-in the kind of the
 real object (a context-manager function stays one); :func:`differences` says where a stand-in
-still differs in kind or in the calls it accepts (``tests/device/test_torch_shapes.py`` runs it
+still differs in kind or in the calls it accepts (``tests/unit/test_torch_shapes.py`` runs it
 on every torch of the table).
 """
 
@@ -68,11 +68,6 @@ def _signature(obj) -> Optional[inspect.Signature]:
         return None
 
 
-def _callable_signature(obj) -> Optional[inspect.Signature]:
-    """The signature of calling ``obj`` (a class: making one, as Python resolves it)."""
-    return _signature(obj)
-
-
 def differences(real: Any, ours: Any) -> List[str]:
     """Where ``ours`` differs from ``real`` in what code may rely on: its kind, and the calls
     it accepts (every call ``real`` accepts, by position and by keyword, must bind to ``ours``;
@@ -85,7 +80,7 @@ def differences(real: Any, ours: Any) -> List[str]:
         return [f"is a {kind(ours)} where torch has a {kind(real)}"]
     if kind(real) not in (CLASS, CONTEXT_MANAGER, FUNCTION):
         return []
-    theirs, mine = _callable_signature(real), _callable_signature(ours)
+    theirs, mine = _signature(real), _signature(ours)  # a class: making one
     if theirs is None or mine is None:
         return []
     return _unaccepted(theirs, mine)

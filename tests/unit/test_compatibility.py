@@ -28,8 +28,11 @@ def mmp(*args, env=None, torch=None, core=None, add_rows=False, timeout=300):
             "runpy.run_module('tests.unit.release_probe', run_name='__main__')")
     overrides = {"MEGATRON_MUSA_PATCH_AUTOACTIVATE": "0", "MEGATRON_MUSA_PATCH_DEVICE": "cpu",
                  **(env or {})}
+    environment = subprocess_env(**overrides)
+    if core:  # a checkout of the installed release would not match the simulated one
+        environment.pop("MEGATRON_LM_PATH", None)
     return run_python(code, args=(*probe, "--", *args), cwd=REPO, timeout=timeout,
-                      env=subprocess_env(**overrides))
+                      env=environment)
 
 
 def patches(proc) -> list:
@@ -172,14 +175,16 @@ def test_a_torch_musa_built_on_another_torch_stops_device_selection(tmp_path):
     """pip replaced the MUSA SDK's torch: without the check, ``auto`` would quietly fall back to
     the CPU. An explicit ``cpu`` row goes ahead."""
     site = _torch_musa_metadata(tmp_path, "2.9.0.post1")
-    proc = run_python("import megatron_musa_patch", env=subprocess_env(PYTHONPATH=str(site)))
+    # the MUSA SDK's torch is not a CUDA build (a CUDA build is the next test's case)
+    code = "import torch; torch.version.cuda = None; import megatron_musa_patch"
+    proc = run_python(code, env=subprocess_env(PYTHONPATH=str(site)))
     assert proc.returncode == 2, proc.stderr[-2000:]
     text = " ".join(proc.stderr.split())
     assert text.startswith(f"megatron_musa_patch: error: MEGATRON_MUSA_PATCH_DEVICE=auto: "
                            f"torch_musa 2.9.0.post1 is built on torch 2.9.0, but torch ")
     assert "Reinstall the torch that came with your MUSA SDK (torch 2.9.0" in text
-    on_cpu = run_python("import megatron_musa_patch",
-                        env=subprocess_env(PYTHONPATH=str(site), MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    on_cpu = run_python(code, env=subprocess_env(PYTHONPATH=str(site),
+                                                 MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert on_cpu.returncode == 0, on_cpu.stderr[-2000:]
 
 

@@ -13,8 +13,8 @@ The CUDA row maps nothing (``torch.cuda`` is torch's own there); no CUDA device 
 run it here.
 """
 
+import ast
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -101,15 +101,41 @@ def test_the_comparison_finds_what_broke_torch_2_14():
         "is a function where torch has a class"]
 
 
+def test_the_kinds_known_for_the_torchada_row_are_torchs():
+    """Where torchada has taken ``torch.cuda``'s place the layer cannot read torch's objects, so
+    it knows their kinds (``torch_api.CUDA_CLASSES``, ``CUDA_CONTEXT_MANAGERS``): each must be
+    torch's own, and every class or context-manager function torch has among the mapped names
+    must be listed."""
+    import torch.cuda.memory
+
+    for name in torch_api.CUDA_API + tuple(torch_api.CUDA_SUBMODULE_API["torch.cuda.memory"]):
+        own = getattr(torch.cuda, name, None) or getattr(torch.cuda.memory, name, None)
+        if own is None:
+            continue
+        expected = torch_api.known_kind(name)
+        if shapes.kind(own) in (shapes.CLASS, shapes.CONTEXT_MANAGER):
+            assert expected == shapes.kind(own), name
+        else:
+            assert expected == shapes.MISSING, name
+
+
 # ---------------------------------------------------------------------------- every name reached
 
 
 def _reached_names(root: Path):
-    pattern = re.compile(r"torch\.cuda\.([A-Za-z_][A-Za-z_0-9]*)")
+    """``X`` of every ``torch.cuda.X`` in the code under ``root`` (not in docstrings or
+    comments): {name: the first file}."""
     names = {}
-    for path in root.rglob("*.py"):
-        for name in pattern.findall(path.read_text(encoding="utf-8", errors="replace")):
-            names.setdefault(name, str(path.relative_to(root.parent)))
+    for path in sorted(root.rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "cuda" and isinstance(node.value.value, ast.Name) and \
+                    node.value.value.id == "torch":
+                names.setdefault(node.attr, str(path.relative_to(root.parent)))
     return names
 
 
