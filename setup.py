@@ -147,9 +147,11 @@ setup(
         # pytest-mock's `mocker` fixture its pipeline-schedule tests take
         # (benchmarks/conformance.py runs those tests through the layer); pytest-xdist: the
         # suite's files run on every core (most of a file's time is one process waiting on
-        # its ranks, so one file at a time leaves a 2-core machine half idle)
+        # its ranks, so one file at a time leaves a 2-core machine half idle); setuptools and
+        # wheel: the build requirements, for pip's resolver dry run in this environment
+        # (tests/unit/test_install_requirement.py)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock",
-                 "pytest-xdist>=3"],
+                 "pytest-xdist>=3", "setuptools>=64", "wheel"],
         # the rest of upstream's own test dependencies that its tests/unit_tests import
         # (pyproject.toml's `test` group, and of its `training` extra wandb, which
         # megatron/rl/rl_utils.py imports, and omegaconf, which megatron.training.config's

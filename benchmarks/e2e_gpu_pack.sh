@@ -32,7 +32,7 @@ case "$series" in
   0.17) core=${MEGATRON_CORE_WHEEL:-0.17.1}; training_from=wheel ;;
   0.18) core=${MEGATRON_CORE_WHEEL:-0.18.2}; training_from=wheel ;;
   0.19) core=${MEGATRON_CORE_WHEEL:-0.19.2}; training_from=wheel ;;
-  *) echo "$LM is Megatron-LM $version, not a supported release (megatron_musa_patch/releases.py)" >&2; exit 1 ;;
+  *) echo "$LM is Megatron-LM $version, not a supported release (megatron_musa_patch/upstream/tables.py)" >&2; exit 1 ;;
 esac
 WHEELS=("megatron-core==$core" "pydantic==2.14.4" "pydantic-core==2.50.5"
         "annotated-types==0.8.0" "typing-inspection==0.4.5" "pyyaml==6.0.3"

@@ -98,13 +98,14 @@ echo "$("$PY" -c 'import sys; from importlib.metadata import version as v
 print("python", sys.version.split()[0], "| torch", v("torch"), "| megatron-core", v("megatron-core"))')"\
 " | device $MEGATRON_MUSA_PATCH_DEVICE | OMP_NUM_THREADS=$OMP_NUM_THREADS"
 
-# the Megatron-LM tag that goes with the installed megatron-core (megatron_musa_patch/releases.py)
+# the Megatron-LM tag that goes with the installed megatron-core (megatron_musa_patch/upstream/tables.py)
 LM_TAG=$(MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 "$PY" -c 'from importlib.metadata import version
-from megatron_musa_patch.releases import release_of
-found = release_of(version("megatron-core"))
+from megatron_musa_patch.upstream import tables
+from megatron_musa_patch.upstream.ranges import row_of
+found = row_of(tables.MEGATRON, version("megatron-core"))
 print(found.lm_tag if found else "")')
 [ -n "$LM_TAG" ] || die "the installed megatron-core is not a release this layer supports \
-(megatron_musa_patch/releases.py); install one (pip install \"$REPO[training,data]\")"
+(megatron_musa_patch/upstream/tables.py); install one (pip install \"$REPO[training,data]\")"
 
 # --------------------------------------------------------------------------- 2. Megatron-LM
 step "Megatron-LM ($LM_TAG)"
