@@ -15,7 +15,9 @@ download each) with the project's constraints (scripts/constraints.txt) and expl
   release, and every record meant for it was verified on it);
 * ``stock``: the CI-sized stock subset (``MMP_STOCK_SUITE=ci``: stock ``pretrain_gpt.py`` through
   the layer) and the torch-shape tests, with the release's Megatron-LM archive from
-  ``../shared/upstream`` as ``MEGATRON_LM_PATH``.
+  ``../shared/upstream`` as ``MEGATRON_LM_PATH``;
+* ``suite`` (not by default): the README's whole test command, as CI runs it on the tables'
+  ends.
 
 Results are merged into docs/compatibility/results.json (one entry per cell, with the date, the
 machine and the versions that were actually installed) after every step, so an interrupted run
@@ -60,7 +62,8 @@ tables = _load_tables()
 RESULTS = REPO / "docs" / "compatibility" / "results.json"
 PAGE = REPO / "docs" / "compatibility.md"
 CONSTRAINTS = REPO / "scripts" / "constraints.txt"
-STEPS = ("selftest", "resolve", "stock")
+STEPS = ("selftest", "resolve", "stock", "suite")
+DEFAULT_STEPS = ("selftest", "resolve", "stock")
 #: the stock tests the CI subset selects, plus the tests of torch's shapes and the release checks
 STOCK_TESTS = ("tests/stock", "tests/unit/test_torch_shapes.py",
                "tests/unit/test_compatibility.py")
@@ -222,9 +225,9 @@ def step(name: str, venv: Path, lm: Path, tmp: Path) -> dict:
         cmd = [mmp, "patches", "--resolve-all", "--strict", "--json"]
     else:
         cmd = [python, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider",
-               f"--basetemp={tmp / 'pytest'}", *STOCK_TESTS]
+               f"--basetemp={tmp / 'pytest'}", *(STOCK_TESTS if name == "stock" else ["tests"])]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=REPO if name == "stock" else tmp,
+    proc = subprocess.run(cmd, env=env, cwd=REPO if name in ("stock", "suite") else tmp,
                           capture_output=True, text=True, timeout=3600)
     out = {"rc": proc.returncode, "seconds": round(time.monotonic() - start, 1),
            "command": " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))}
@@ -235,7 +238,7 @@ def step(name: str, venv: Path, lm: Path, tmp: Path) -> dict:
                                    r["status"] in ("missing", "not importable"))
         out["unverified"] = sorted(r["id"] for r in rows if r["for_this_release"] and
                                    not r["verified"])
-    if name == "stock":
+    if name in ("stock", "suite"):
         summary = re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)",
                              proc.stdout.splitlines()[-1] if proc.stdout.strip() else "")
         out["counts"] = {kind.rstrip("s") if kind == "errors" else kind: int(n)
@@ -285,11 +288,13 @@ def render(results: dict) -> str:
         "and every record meant for the release was verified on it); `stock` is the CI-sized "
         "subset of stock `pretrain_gpt.py` runs through the layer (`MMP_STOCK_SUITE=ci`, the "
         "release's unmodified Megatron-LM archive) with the torch-shape and release-check "
-        "tests. All on the CPU row (gloo); nothing here ran on MUSA or CUDA hardware.",
+        "tests; `whole suite`, where it ran, is the README's test command (what CI runs on the "
+        "tables' ends). All on the CPU row (gloo), the MUSA row against the stand-in torch_musa "
+        "with torchada; nothing here ran on MUSA or CUDA hardware.",
         "",
-        "| cell | Python | torch | megatron-core | selftest | resolve | stock | result | date "
-        "| machine |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cell | Python | torch | megatron-core | selftest | resolve | stock | whole suite | "
+        "result | date | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in sorted(results["cells"].items(), key=lambda kv: _order(kv[0])):
         v, steps = entry.get("versions", {}), entry.get("steps", {})
@@ -297,7 +302,8 @@ def render(results: dict) -> str:
             f"| {name} | {v.get('python', '?')} | {v.get('torch', '?')} | "
             f"{v.get('megatron-core', '?')} | {_step(steps.get('selftest'))} | "
             f"{_step(steps.get('resolve'))} | {_step(steps.get('stock'))} | "
-            f"{verdict(entry)} | {entry.get('date', '?')} | {entry.get('machine', '?')} |")
+            f"{_step(steps.get('suite'))} | {verdict(entry)} | {entry.get('date', '?')} | "
+            f"{entry.get('machine', '?')} |")
     failing = [(n, e) for n, e in results["cells"].items() if verdict(e) == "FAILS"]
     if failing:
         lines += ["", "## Failures", ""]
@@ -335,7 +341,7 @@ def _step(found: Optional[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools/compat_matrix.py", description=__doc__.split("\n")[0])
     p.add_argument("--cells", nargs="+", help="cells to run (default: every default cell)")
-    p.add_argument("--steps", default=",".join(STEPS),
+    p.add_argument("--steps", default=",".join(DEFAULT_STEPS),
                    help=f"comma-separated, from {', '.join(STEPS)} (default: %(default)s)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mmp-compat-matrix",
                    help="where environments, uv's cache and unpacked archives are kept")

@@ -31,6 +31,8 @@ def main(argv):
     if opts.megatron_core:
         core = Version(opts.megatron_core)
         installed.megatron_core_version = lambda: core
+        # a checkout found (or a 0.17+ wheel's own megatron/, which reads as one) goes with it
+        installed.megatron_lm_version = lambda path: core if path is not None else None
         if opts.add_rows:
             series = f"{core.major}.{core.minor}"
             tables.MEGATRON = tables.MEGATRON + (tables.MegatronRelease(

@@ -151,12 +151,22 @@ def _binding_include_dirs(tmp_path):
 
 @pytest.mark.slow
 @needs_nvcc
+def _torch_cxx_standard() -> str:
+    """The C++ standard the installed torch's headers demand (torch 2.13 and later: C++20, which
+    they check for; earlier: C++17), as torch.utils.cpp_extension passes it."""
+    import torch
+
+    aten = Path(torch.__file__).parent / "include" / "ATen" / "ATen.h"
+    return "c++20" if "202002L" in aten.read_text() else "c++17"
+
+
 def test_binding_compiles_against_torch_headers(tmp_path):
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
     dirs = _binding_include_dirs(tmp_path)
-    cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", f"-I{CSRC / 'include'}",
+    cmd = [cxx, f"-std={_torch_cxx_standard()}", "-fsyntax-only", "-Wall", "-Wextra",
+           f"-I{CSRC / 'include'}",
            *[f"-isystem{d}" for d in dirs], "-DTORCH_EXTENSION_NAME=mmp_kernels_check",
            "-DTORCH_API_INCLUDE_EXTENSION_H", str(CSRC / kernels.BINDING_SOURCE)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

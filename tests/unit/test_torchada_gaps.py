@@ -45,27 +45,44 @@ def raises(fn, kind=Exception):
     return False
 
 
+def in_child(probe):
+    # a group torchada leaves on NCCL is a real ProcessGroupNCCL, whose destructor aborts the
+    # process on a machine without an NVIDIA driver (torch 2.15): each probe runs in a forked
+    # child that reports its answer and exits without tearing anything down
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer = probe()
+        except Exception as exc:
+            answer = type(exc).__name__
+        os.write(write, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while True:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else "no answer"
+
+
 def backend_of(**kwargs):
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    try:
+    def probe():
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         return str(dist.get_backend())
-    except Exception as exc:
-        return type(exc).__name__
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    return in_child(probe)
 
 
 def group_backend(**kwargs):
-    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-    try:
+    def probe():
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
         return str(dist.get_backend(dist.new_group([0], **kwargs)))
-    except Exception as exc:
-        return type(exc).__name__
-    finally:
-        dist.destroy_process_group()
+    return in_child(probe)
 
 
 # target -> does torchada alone do what Megatron needs there?
