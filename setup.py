@@ -143,6 +143,9 @@ setup(
         # --tokenizer-type TikTokenizer)
         "data": ["tokenizers>=0.20", "transformers>=5", "sentencepiece", "tqdm", "regex",
                  "tiktoken"],
+        # mmp checkpoint import-hf | export-hf: safetensors for the weights, transformers for a
+        # model directory's tokenizer, tqdm for the progress bar
+        "checkpoint": ["safetensors>=0.4", "transformers>=5", "tqdm"],
         # click and requests: upstream's tests/unit_tests/conftest.py imports them, and
         # pytest-mock's `mocker` fixture its pipeline-schedule tests take
         # (benchmarks/conformance.py runs those tests through the layer); pytest-xdist: the

@@ -21,6 +21,7 @@ commands:
                                          with --strict an error for any record unverified on it
   selftest [--layout tp2|pp2|dp2|...]    tiny megatron-core GPT on this device, checked against 1 rank
   data ...                               tokenize, binarize and blend training data
+  checkpoint import-hf|export-hf ...     Hugging Face models in and out of Megatron checkpoints
 """
 
 
@@ -41,6 +42,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .selftest import main as selftest
 
             return selftest(rest)
+        if command == "checkpoint":
+            from .checkpoint.cli import main as checkpoint
+
+            return checkpoint(rest)
         if command == "data":
             try:
                 data_cli = importlib.import_module("megatron_musa_patch.data.cli")

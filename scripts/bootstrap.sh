@@ -43,7 +43,7 @@ if [ -n "${PINS_ONLY:-}" ]; then  # the bulk of the download (torch is 5 GB on P
   exit 0
 fi
 # one pip run for the pins and the package: one resolution, one start-up
-"$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,test,musa]"
+"$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,checkpoint,test,musa]"
 # versions from the installed metadata: importing torch and megatron.core would take seconds
 echo "bootstrap ($venv): $("$venv/bin/python" -c 'import sys
 from importlib.metadata import version as v

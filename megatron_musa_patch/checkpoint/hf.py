@@ -1,0 +1,169 @@
+"""A Hugging Face model directory, read and written one tensor at a time.
+
+Reading: ``config.json`` and the safetensors files (one file, or shards with
+``model.safetensors.index.json``), each tensor loaded when asked for (``safe_open`` maps the
+file; nothing is read twice or kept). Writing: tensors go into shards of at most
+``max_shard_bytes`` as they arrive, into a temporary directory that is renamed into place only
+when everything is written (an interrupted export leaves nothing that looks complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from .errors import ConversionError
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+#: the files of a tokenizer (and generation settings) a model directory may carry
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+              "generation_config.json", "chat_template.jinja")
+
+
+class HFCheckpoint:
+    """The tensors and config of one local Hugging Face model directory."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not (self.path / CONFIG).is_file():
+            raise ConversionError(
+                f"--hf-dir {self.path}: no {CONFIG} there. Give a local Hugging Face model "
+                f"directory (config.json and *.safetensors; this command never downloads).")
+        self.config = json.loads((self.path / CONFIG).read_text())
+        self._where = self._index()
+        self._open: Dict[str, object] = {}
+
+    def _index(self) -> Dict[str, str]:
+        index = self.path / INDEX
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            missing = sorted({f for f in weight_map.values() if not (self.path / f).is_file()})
+            if missing:
+                raise ConversionError(
+                    f"--hf-dir {self.path}: {INDEX} names {', '.join(missing[:3])}, which "
+                    f"{'is' if len(missing) == 1 else 'are'} not there (an interrupted "
+                    f"download?). Fetch the missing shards, or point --hf-dir at a complete "
+                    f"directory.")
+            return dict(weight_map)
+        files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            bins = sorted(p.name for p in self.path.glob("*.bin"))
+            hint = (f" ({', '.join(bins[:2])} are pickled PyTorch weights: save the model "
+                    f"again with save_pretrained(..., safe_serialization=True))") if bins else ""
+            raise ConversionError(f"--hf-dir {self.path}: no *.safetensors files{hint}.")
+        from safetensors import safe_open
+
+        where = {}
+        for name in files:
+            with safe_open(self.path / name, framework="pt") as handle:
+                for key in handle.keys():
+                    where[key] = name
+        return where
+
+    def names(self) -> List[str]:
+        return sorted(self._where)
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str):
+        """One tensor, read now."""
+        if name not in self._where:
+            raise ConversionError(
+                f"--hf-dir {self.path}: the checkpoint has no tensor {name!r}, which its "
+                f"config ({self.config.get('architectures')}) implies. Is the directory "
+                f"complete, and is it the model its config.json describes?")
+        file = self._where[name]
+        handle = self._open.get(file)
+        if handle is None:
+            from safetensors import safe_open
+
+            handle = self._open[file] = safe_open(self.path / file, framework="pt")
+        return handle.get_tensor(name)
+
+    def side_files(self) -> List[Path]:
+        return [self.path / f for f in SIDE_FILES if (self.path / f).is_file()]
+
+    def total_bytes(self) -> int:
+        return sum((self.path / f).stat().st_size for f in set(self._where.values()))
+
+
+class HFWriter:
+    """Writes a model directory: shards as tensors arrive, then the index and config; the
+    directory appears under its name only when complete."""
+
+    def __init__(self, target, max_shard_bytes: int = 4 << 30):
+        self.target = Path(target)
+        if self.target.exists() and any(self.target.iterdir()):
+            raise ConversionError(
+                f"--hf-dir {self.target} exists and is not empty: give a new directory (the "
+                f"export never writes into an existing one).")
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-",
+                                         dir=self.target.parent))
+        self.max_shard_bytes = max_shard_bytes
+        self._pending: Dict[str, object] = {}
+        self._pending_bytes = 0
+        self._shards: List[Dict[str, object]] = []
+        self._weight_map: Dict[str, str] = {}
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor) -> None:
+        if name in self._pending or name in self._weight_map:
+            raise ValueError(f"tensor {name} written twice")
+        size = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._pending[name] = tensor.contiguous()
+        self._pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        number = len(self._shards) + 1
+        name = f"model-{number:05d}.safetensors"
+        save_file(self._pending, str(self.tmp / name), metadata={"format": "pt"})
+        for key in self._pending:
+            self._weight_map[key] = name
+        self._shards.append({"file": name})
+        self._pending, self._pending_bytes = {}, 0
+
+    def finish(self, config: dict, side_files: Iterable[Path] = ()) -> Path:
+        if self._pending or not self._shards:
+            self._flush()
+        total = len(self._shards)
+        if total == 1:  # one file: the plain name transformers expects
+            (self.tmp / self._shards[0]["file"]).rename(self.tmp / SINGLE)
+        else:
+            renamed = {}
+            for number, shard in enumerate(self._shards, start=1):
+                final = f"model-{number:05d}-of-{total:05d}.safetensors"
+                (self.tmp / shard["file"]).rename(self.tmp / final)
+                renamed[shard["file"]] = final
+            index = {"metadata": {"total_size": self.total_bytes},
+                     "weight_map": {k: renamed[v] for k, v in sorted(self._weight_map.items())}}
+            (self.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        for path in side_files:
+            shutil.copy2(path, self.tmp / Path(path).name)
+        (self.tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if self.target.exists():
+            self.target.rmdir()  # empty, checked above
+        os.replace(self.tmp, self.target)
+        return self.target
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_config(path) -> Optional[dict]:
+    file = Path(path)
+    file = file / CONFIG if file.is_dir() else file
+    return json.loads(file.read_text()) if file.is_file() else None

@@ -1,0 +1,205 @@
+"""The Megatron side of a conversion, run on each rank of a layout under ``mmp run``.
+
+It builds the model exactly as stock ``pretrain_gpt.py`` does -- Megatron's own argument parsing
+and initialisation, the checkout's ``model_provider`` with ``gpt_builder`` -- and moves weights
+only through Megatron's own ``load_checkpoint`` / ``save_checkpoint``, so the checkpoint is one
+stock ``pretrain_gpt.py`` writes and loads, in either format and any layout, on every release:
+
+* ``fill``: one rank, no parallelism: the model's tensors from a Hugging Face directory (one at
+  a time, the embedding padded to Megatron's vocabulary), then saved;
+* ``reshard``: any layout: loaded (a ``torch_dist`` checkpoint reshards itself on load) and saved
+  again in the format asked for;
+* ``dump``: one rank: loaded, then every tensor handed to the Hugging Face writer.
+
+    python -m megatron_musa_patch.checkpoint.worker --mode fill|reshard|dump \\
+        --plan PLAN.json -- <Megatron flags>
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+
+def megatron_model(argv):
+    """Initialise Megatron with ``argv`` (its flags) and build the model as pretrain_gpt.py
+    does; returns (args, [model chunks])."""
+    import inspect
+
+    sys.argv = ["pretrain_gpt.py", *argv]
+    from megatron.core.enums import ModelType
+    from megatron.training import get_args
+    from megatron.training.initialize import initialize_megatron
+    from megatron.training.training import get_model
+
+    # pretrain_gpt.py's defaults; up to 0.18 initialize_megatron parses the arguments, from 0.19
+    # pretrain_gpt.py parses them first (parse_and_validate_args) and hands over the result
+    defaults = {"tokenizer_type": "GPT2BPETokenizer"}
+    if "args_defaults" in inspect.signature(initialize_megatron).parameters:
+        initialize_megatron(args_defaults=defaults)
+    else:
+        from megatron.training.arguments import parse_and_validate_args
+
+        parse_and_validate_args(args_defaults=defaults)
+        initialize_megatron()
+    args = get_args()
+    from gpt_builders import gpt_builder  # the checkout's, as pretrain_gpt.py imports them
+    from model_provider import model_provider
+
+    model = get_model(functools.partial(model_provider, gpt_builder),
+                      ModelType.encoder_or_decoder, wrap_with_ddp=False)
+    return args, model
+
+
+def fill(plan: dict, model) -> None:
+    """Copy the Hugging Face tensors into the one-rank model, one tensor at a time."""
+    import torch
+
+    from . import families
+    from .hf import HFCheckpoint
+    from .progress import bar
+
+    source = HFCheckpoint(plan["hf_dir"])
+    state = model[0].state_dict(keep_vars=True)
+    params = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    seen = set()
+    with bar(total=len(params), desc="import-hf", unit="tensor") as progress:
+        for name, tensor in families.to_megatron(source.config, source.get):
+            name = resolve(name, params)
+            if name not in params:
+                raise SystemExit(f"mmp checkpoint: the Megatron model has no {name} (the "
+                                 f"mapping and the model's flags disagree)")
+            target = params[name]
+            if name in (families.EMBEDDING, families.OUTPUT):
+                tensor = _to_rows(tensor, target.shape[0])
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise SystemExit(f"mmp checkpoint: {name}: Hugging Face gives "
+                                 f"{tuple(tensor.shape)}, the Megatron model holds "
+                                 f"{tuple(target.shape)}")
+            with torch.no_grad():
+                target.copy_(tensor)
+            seen.add(name)
+            progress.update(1)
+    missing = sorted(set(params) - seen - _tied_output(params, source.config))
+    if missing:
+        raise SystemExit(f"mmp checkpoint: the mapping left Megatron tensors unfilled: "
+                         f"{', '.join(missing[:5])}")
+
+
+#: a module megatron-core renamed: (the mapping's name, the later release's)
+RENAMED = (("mtp.layers.", ".transformer_layer.", ".mtp_model_layer."),)  # MTP's layer, 0.19
+
+
+def resolve(name: str, present) -> str:
+    """The mapping's name of a tensor as this release's model calls it."""
+    if name in present:
+        return name
+    for scope, old, new in RENAMED:
+        if name.startswith(scope) and old in name and name.replace(old, new, 1) in present:
+            return name.replace(old, new, 1)
+    return name
+
+
+def _tied_output(params, config):
+    from . import families
+
+    return {families.OUTPUT} if families.tied(config) and families.OUTPUT in params else set()
+
+
+def _to_rows(tensor, rows: int):
+    """The embedding (or output layer) with Megatron's padded vocabulary: zero rows appended;
+    the export drops them again."""
+    import torch
+
+    if tensor.shape[0] == rows:
+        return tensor
+    if tensor.shape[0] > rows:
+        raise SystemExit(f"mmp checkpoint: the vocabulary has {tensor.shape[0]} rows, Megatron's "
+                         f"padded vocabulary only {rows}")
+    pad = torch.zeros((rows - tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    return torch.cat([tensor, pad], dim=0)
+
+
+def dump(plan: dict, model) -> None:
+    """Every tensor of the one-rank model, mapped to Hugging Face names, into the writer."""
+    import torch
+
+    from . import families
+    from .hf import HFWriter
+    from .progress import bar
+
+    config = plan["hf_config"]
+    state = {k: v for k, v in model[0].state_dict().items() if isinstance(v, torch.Tensor)}
+    rows = int(config["vocab_size"])
+
+    def get(name):
+        name = resolve(name, state)
+        tensor = state[name]
+        if name in (families.EMBEDDING, families.OUTPUT):
+            tensor = tensor[:rows]
+        if name.endswith("router.expert_bias"):  # kept in float32 on both sides
+            return tensor.detach().to(torch.float32)
+        return tensor.detach().to(getattr(torch, plan["dtype"]))
+
+    writer = HFWriter(plan["hf_out"], max_shard_bytes=int(plan["max_shard_bytes"]))
+    def shape_only(name):
+        name = resolve(name, state)
+        tensor = state[name]
+        if name in (families.EMBEDDING, families.OUTPUT):
+            tensor = tensor[:rows]
+        return torch.empty(tensor.shape, device="meta")
+
+    try:  # the count, from the same mapping over shapes alone (tensors on the meta device)
+        expected = sum(1 for _ in families.to_hf(config, shape_only))
+        with bar(total=expected, desc="export-hf", unit="tensor") as progress:
+            for name, tensor in families.to_hf(config, get):
+                writer.add(name, tensor.clone())
+                progress.update(1)
+        writer.finish(config, [Path(p) for p in plan.get("side_files", [])])
+    except BaseException:
+        writer.abandon()
+        raise
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, megatron_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    parser = argparse.ArgumentParser(prog="megatron_musa_patch.checkpoint.worker")
+    parser.add_argument("--mode", choices=("fill", "reshard", "dump"), required=True)
+    parser.add_argument("--plan", required=True, help="JSON written by mmp checkpoint")
+    opts = parser.parse_args(own)
+    plan = json.loads(Path(opts.plan).read_text())
+    args, model = megatron_model(megatron_argv)
+    from megatron.training.checkpointing import load_checkpoint, save_checkpoint
+
+    if opts.mode == "fill":
+        fill(plan, model)
+    else:
+        load_checkpoint(model, None, None, strict=True)
+    if opts.mode == "dump":
+        dump(plan, model)
+        return 0
+    # saved in the format asked for, which may not be the one loaded (as upstream's
+    # --ckpt-convert-format does it)
+    args.ckpt_format = plan.get("save_format", args.ckpt_format)
+    args.use_dist_ckpt = args.ckpt_format != "torch"
+    save_checkpoint(0, model, None, None, 0)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    from ..errors import MegatronMusaPatchError
+
+    try:
+        sys.exit(main())
+    except MegatronMusaPatchError as exc:  # a refusal found while filling: one paragraph
+        print(exc.render(), file=sys.stderr)
+        sys.exit(exc.exit_code)

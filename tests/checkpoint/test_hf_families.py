@@ -1,0 +1,52 @@
+"""mmp checkpoint on every family it maps, against transformers (needs MEGATRON_LM_PATH).
+
+For each family a tiny model made by transformers (random weights) is imported at a parallel
+layout; the first iteration of stock pretrain_gpt.py --finetune from it logs the loss
+transformers computes on the same tokens (fp32, within 1e-5 relative; the tokens are those the
+batch probe saw); export-hf gives back the original tensors bit for bit. CI runs the Llama case
+(tests/checkpoint/test_hf_llama.py runs it with training); the rest run with the whole stock
+suite."""
+
+import pytest
+import torch
+
+from ..stock import runner
+from . import tiny_models
+from .hf_steps import (assert_bitwise, assert_config_from_args, first_losses, import_hf, mmp,
+                       tensors)
+
+pytestmark = pytest.mark.stock
+
+#: training flags a layout needs beyond its sizes: MoE with TP asks for sequence parallelism
+TRAINING = {"mixtral-tp2": ["--sequence-parallel"], "deepseek_v3-tp2": ["--sequence-parallel"]}
+LAYOUTS = {
+    "llama31": (["--tensor-model-parallel-size", "2"], "torch_dist"),
+    "qwen2": (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+              "torch"),
+    "qwen3": (["--tensor-model-parallel-size", "2"], "torch_dist"),
+    "mixtral": (["--expert-model-parallel-size", "2"], "torch_dist"),
+    "deepseek_v3": (["--expert-model-parallel-size", "2"], "torch_dist"),
+    "deepseek_v3_mtp": (["--pipeline-model-parallel-size", "2"], "torch_dist"),
+    "deepseek_v3-tp2": (["--tensor-model-parallel-size", "2", "--expert-model-parallel-size",
+                         "2"], "torch"),
+    "mixtral-tp2": (["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"],
+                    "torch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_family_matches_transformers_and_exports_bit_for_bit(lm_path, tmp_path, case):
+    family = case.split("-")[0]  # llama31, qwen2, ..., mixtral-tp2 -> mixtral
+    layout, ckpt_format = LAYOUTS[case]
+    hf = tiny_models.make(family, tmp_path)
+    imported = import_hf(hf, tmp_path / "imported", layout, ckpt_format, lm_path)
+    assert_config_from_args(imported, hf)
+    megatron, expected = first_losses(imported, hf, layout, tmp_path, lm_path,
+                                      TRAINING.get(case, ()))
+    assert megatron == pytest.approx(expected, rel=1e-5), (megatron, expected)
+    exported = tmp_path / "exported"
+    mmp("export-hf", "--load", str(imported), "--hf-dir", str(exported), lm_path=lm_path)
+    assert_bitwise(tensors(hf), tensors(exported))
+    if family in tiny_models.WITH_TOKENIZER:  # imported with its tokenizer, exported with it
+        assert "--tokenizer-type HuggingFaceTokenizer" in (imported / "model_flags.txt").read_text()
+        assert (exported / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()

@@ -1,0 +1,124 @@
+"""Tiny Hugging Face models of each family, random weights, made locally with transformers
+(nothing is downloaded): the conversion tests' inputs."""
+
+from pathlib import Path
+
+#: family -> (config class, model class, config fields beyond the shared tiny shape)
+SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-5, tie_word_embeddings=False)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama31": ("LlamaConfig", "LlamaForCausalLM", {
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
+                                                         "num_experts_per_tok": 2}),
+    # MLA with a query LoRA, one dense layer then MoE layers with a shared expert, grouped
+    # top-4 of 8 sigmoid-scored experts with a bias
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "first_k_dense_replace": 1,
+        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+        "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32,
+        "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0}),
+}
+
+
+def make(family: str, root: Path, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
+    """A saved tiny model of ``family`` under ``root``; returns its directory."""
+    import torch
+    import transformers
+
+    if family == "deepseek_v3_mtp":
+        # 4 layers, so that PP2 splits them
+        return with_mtp(make("deepseek_v3", root, seed, dtype,
+                             **{"num_hidden_layers": 4, **overrides}), seed)
+
+    config_class, model_class, extra = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**SHAPE, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).to(getattr(torch, dtype))
+    with torch.no_grad():  # norms and biases away from their init values, so mistakes show
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+        for name, buffer in model.named_buffers():  # DeepSeek-V3's routing bias starts at zero
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn_like(buffer) * 0.1)
+    target = root / family
+    model.save_pretrained(target)
+    if family in WITH_TOKENIZER:
+        tokenizer(config.vocab_size - 200).save_pretrained(target)
+    return target
+
+
+#: families whose tiny model comes with a tokenizer (smaller than the model's vocabulary, as
+#: released models' often are), so import-hf takes the HuggingFaceTokenizer path
+WITH_TOKENIZER = {"qwen3"}
+
+
+def tokenizer(size: int):
+    """A byte-level BPE of ``size`` tokens trained here on a few sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    text = ["Hugging Face checkpoints in and out of Megatron, one tensor at a time."] * 50
+    bpe.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=size, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+
+
+def hf_loss(hf_dir: Path, input_ids, labels) -> float:
+    """transformers' mean token loss of ``labels`` given ``input_ids`` (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits.float()
+    return float(torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)))
+
+
+def with_mtp(model_dir: Path, seed: int) -> Path:
+    """The DeepSeek-V3 model with one MTP layer as a hub checkpoint stores it (transformers
+    builds none): layer num_hidden_layers, a MoE decoder layer with enorm, hnorm, eh_proj and
+    shared_head.norm, and copies of the embedding and output head."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    last, mtp = config["num_hidden_layers"] - 1, config["num_hidden_layers"]
+    weights = load_file(str(model_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def noise(like, scale=0.02):
+        return torch.randn(like.shape, generator=generator, dtype=like.dtype) * scale
+
+    for name, tensor in list(weights.items()):
+        if name.startswith(f"model.layers.{last}."):
+            weights[name.replace(f".{last}.", f".{mtp}.", 1)] = tensor + noise(tensor)
+    hidden = config["hidden_size"]
+    one = torch.ones(hidden)
+    prefix = f"model.layers.{mtp}."
+    weights.update({
+        prefix + "enorm.weight": one + noise(one, 0.1), prefix + "hnorm.weight": one + noise(one, 0.1),
+        prefix + "shared_head.norm.weight": one + noise(one, 0.1),
+        prefix + "eh_proj.weight": noise(torch.empty(hidden, 2 * hidden), 0.05),
+        prefix + "embed_tokens.weight": weights["model.embed_tokens.weight"].clone(),
+        prefix + "shared_head.head.weight": weights["lm_head.weight"].clone()})
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return model_dir

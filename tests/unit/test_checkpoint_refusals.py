@@ -1,0 +1,218 @@
+"""mmp checkpoint refuses what it cannot convert with one paragraph naming the culprit, before
+anything is written (docs/bad_inputs.md rows 77-80). In-process, no Megatron needed."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_musa_patch.checkpoint import cli, families
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+         "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "silu",
+         "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+         "rope_theta": 10000.0, "dtype": "float32"}
+
+
+def hf_dir(root: Path, config: dict, weights=True, name="model") -> Path:
+    from safetensors.torch import save_file
+
+    path = root / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    if weights:
+        save_file({"model.embed_tokens.weight": torch.zeros(64, 16)},
+                  str(path / "model.safetensors"))
+    return path
+
+
+def refused(capsys, argv):
+    code = cli.main(argv)
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err
+    assert err.startswith("megatron_musa_patch: error: ") and "Traceback" not in err
+    return err
+
+
+@pytest.fixture(autouse=True)
+def lm_path(tmp_path, monkeypatch):
+    """A stand-in checkout: the refusals come before any Megatron step would run."""
+    checkout = tmp_path / "lm"
+    checkout.mkdir()
+    (checkout / "gpt_builders.py").write_text("")
+    monkeypatch.setenv("MEGATRON_LM_PATH", str(checkout))
+    monkeypatch.setattr(cli, "_megatron", lambda *a, **k: pytest.fail("a step ran"))
+
+
+def imported(capsys, tmp_path, config, **kw):
+    source = hf_dir(tmp_path, config, **kw)
+    out = tmp_path / "out"
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(out)])
+    assert not out.exists(), "a refusal wrote the checkpoint directory"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
+    return err
+
+
+def test_an_architecture_no_family_maps(capsys, tmp_path):
+    err = imported(capsys, tmp_path, {**LLAMA, "architectures": ["GPT2LMHeadModel"],
+                                      "model_type": "gpt2"})
+    assert "architecture ['GPT2LMHeadModel']" in err and "Nothing was written" in err
+    for name in families.supported_architectures():
+        assert name in err
+
+
+def test_a_config_field_no_mapping_knows(capsys, tmp_path):
+    err = imported(capsys, tmp_path, {**LLAMA, "partial_rotary_factor": 0.5})
+    assert "partial_rotary_factor" in err and "does not know" in err
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_type 'yarn'"),
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("attention_bias", True, "attention_bias=True"),
+])
+def test_a_known_field_with_a_value_megatron_cannot_build(capsys, tmp_path, field, value, says):
+    err = imported(capsys, tmp_path, {**LLAMA, field: value})
+    assert says in err and "Nothing was written" in err
+
+
+def test_llama31_rope_with_other_fixed_frequencies(capsys, tmp_path):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    err = imported(capsys, tmp_path, {**LLAMA, "rope_scaling": rope})
+    assert "low_freq_factor=2.0" in err and "--use-rope-scaling" in err
+
+
+def test_mistral_with_a_sliding_window(capsys, tmp_path):
+    err = imported(capsys, tmp_path, {**LLAMA, "architectures": ["MistralForCausalLM"],
+                                      "model_type": "mistral", "sliding_window": 4096})
+    assert "sliding_window=4096" in err
+
+
+def test_an_edited_model_type(capsys, tmp_path):
+    err = imported(capsys, tmp_path, {**LLAMA, "model_type": "qwen2"})
+    assert "model_type 'qwen2'" in err and "expected 'llama'" in err
+
+
+def test_a_directory_without_safetensors(capsys, tmp_path):
+    source = hf_dir(tmp_path, LLAMA, weights=False)
+    (source / "pytorch_model.bin").write_bytes(b"")
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(tmp_path / "o")])
+    assert "no *.safetensors" in err and "pytorch_model.bin" in err
+    assert "safe_serialization=True" in err
+
+
+def test_an_index_naming_a_missing_shard(capsys, tmp_path):
+    source = hf_dir(tmp_path, LLAMA)
+    (source / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(tmp_path / "o")])
+    assert "model-00002-of-00002.safetensors" in err and "not there" in err
+
+
+def test_no_config(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    err = refused(capsys, ["import-hf", "--hf-dir", str(tmp_path / "empty"),
+                           "--save", str(tmp_path / "o")])
+    assert "no config.json" in err and "never downloads" in err
+
+
+def test_a_save_directory_that_is_not_empty(capsys, tmp_path):
+    source = hf_dir(tmp_path, LLAMA)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(out)])
+    assert f"--save {out} exists and is not empty" in err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_no_megatron_checkout(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("MEGATRON_LM_PATH")
+    err = imported(capsys, tmp_path, LLAMA)
+    assert "set MEGATRON_LM_PATH" in err and "gpt_builders.py" in err
+
+
+def test_a_bad_parallel_size(capsys, tmp_path):
+    source = hf_dir(tmp_path, LLAMA)
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(tmp_path / "o"),
+                           "--tensor-model-parallel-size", "0"])
+    assert "'tp': 0" in err
+
+
+def test_export_of_a_directory_that_is_no_checkpoint(capsys, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    err = refused(capsys, ["export-hf", "--load", str(tmp_path / "ckpt"),
+                           "--hf-dir", str(tmp_path / "hf")])
+    assert "latest_checkpointed_iteration.txt" in err and not (tmp_path / "hf").exists()
+
+
+def test_export_with_a_config_of_another_model(capsys, tmp_path, monkeypatch):
+    args = type("Args", (), dict(num_layers=2, hidden_size=16, num_attention_heads=2,
+                                 padded_vocab_size=64))()
+    monkeypatch.setattr(cli, "checkpoint_args", lambda load: args)
+    config = hf_dir(tmp_path, LLAMA, weights=False, name="config")  # 1 layer, not 2
+    err = refused(capsys, ["export-hf", "--load", str(tmp_path), "--hf-dir",
+                           str(tmp_path / "hf"), "--hf-config", str(config)])
+    assert "'num_hidden_layers': (1, 2)" in err and "--hf-config" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_vocab_divisor_gives_the_checkpoints_rows():
+    # Megatron pads size up to a multiple of divisor * tp; the result must be the HF rows
+    for rows, size, tp in [(512, 512, 1), (512, 500, 2), (512, 305, 2), (151936, 151665, 2), (128256, 128256, 8),
+                           (32000, 32000, 2)]:
+        divisor = cli.vocab_divisor(rows, size, tp)
+        for ways in (1, tp):  # the import fills at TP1, the checkpoint is trained at tp
+            multiple = divisor * ways
+            assert -(-size // multiple) * multiple == rows, (rows, size, tp, divisor)
+
+
+@pytest.mark.parametrize("flag, size, says", [
+    ("--tensor-model-parallel-size", "4", "num_attention_heads (2)"),
+    ("--pipeline-model-parallel-size", "2", "num_hidden_layers (1)"),
+    ("--expert-model-parallel-size", "2", "has no experts"),
+])
+def test_a_layout_that_does_not_split_the_model(capsys, tmp_path, flag, size, says):
+    source = hf_dir(tmp_path, LLAMA)
+    err = refused(capsys, ["import-hf", "--hf-dir", str(source), "--save", str(tmp_path / "o"),
+                           flag, size])
+    assert says in err and flag in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rows, tp", [(512, 1), (512, 2), (32000, 8), (151936, 4), (50257, 1)])
+def test_null_tokenizer_vocabulary_is_the_rows_on_every_release(rows, tp):
+    # NullTokenizer --vocab-size rows-1 is rows tokens up to 0.18 and rows-1 from 0.19
+    divisor = cli.vocab_divisor(rows, rows - 1, tp)
+    for size in (rows - 1, rows):
+        assert -(-size // (divisor * tp)) * divisor * tp == rows, (rows, tp, size)
+    flags = cli._export_vocabulary(rows * 2, 2)  # export: the padded rows at the step's TP
+    size_flag, divisor = int(flags[3]), int(flags[5])
+    for size in (size_flag, size_flag + 1):
+        assert -(-size // (divisor * 2)) * divisor * 2 == rows * 2
+
+
+DEEPSEEK = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+            "moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "n_routed_experts": 4, "n_shared_experts": 1,
+            "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+            "q_lora_rank": 8, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+            "v_head_dim": 8, "hidden_act": "silu", "max_position_embeddings": 32,
+            "rms_norm_eps": 1e-6, "rope_interleave": True, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}},
+     "(YaRN) is not mapped yet"),
+    ({"q_lora_rank": None}, "without a query LoRA"),
+    ({"num_experts_per_tok": 4}, "top num_experts_per_tok/topk_group (4)"),
+    ({"rope_interleave": False}, "rope_interleave=False"),
+])
+def test_deepseek_v3_what_is_not_mapped_yet(capsys, tmp_path, change, says):
+    err = imported(capsys, tmp_path, {**DEEPSEEK, **change})
+    assert says in err, err
