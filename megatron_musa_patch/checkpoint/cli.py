@@ -38,7 +38,7 @@ DIST_METADATA = "metadata.json"
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="mmp checkpoint", description=__doc__.split("\n\n")[0],
+        prog="mmp checkpoint", description=__doc__.split("\n\n")[0].replace("``", ""),
         epilog="Exit status: 0 done, 2 refused with one paragraph, 1 a conversion step failed.")
     verbs = parser.add_subparsers(dest="verb", required=True)
     imp = verbs.add_parser("import-hf", help="a Hugging Face model directory into a Megatron "
