@@ -239,7 +239,8 @@ def export_hf(opts) -> int:
 
     load = Path(opts.load)
     args = checkpoint_args(load)
-    config = _export_config(opts, load, args)
+    reference = _reference(load, args)
+    config = _export_config(opts, reference, args)
     family = families.family_of(config)
     family.check(config)
     target = Path(opts.hf_dir)
@@ -253,7 +254,7 @@ def export_hf(opts) -> int:
                                  target.parent.exists() else None))
     try:
         plan = work / "plan.json"
-        side = [str(p) for p in _reference_side_files(load, args)]
+        side = [str(p) for p in _reference_side_files(reference)]
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
         plan.write_text(json.dumps({"hf_config": config, "hf_out": str(target),
                                     "side_files": side, "dtype": dtype,
@@ -322,7 +323,7 @@ def _format(load: Path) -> str:
     return "torch_dist" if (_iteration_dir(load) / DIST_METADATA).is_file() else "torch"
 
 
-def _export_config(opts, load: Path, args) -> dict:
+def _export_config(opts, reference: Optional[Path], args) -> dict:
     from . import families
     from .hf import read_config
 
@@ -330,8 +331,8 @@ def _export_config(opts, load: Path, args) -> dict:
         config = read_config(opts.hf_config)
         if config is None:
             raise ConversionError(f"--hf-config {opts.hf_config}: no config.json there.")
-    elif _reference(load, args) is not None:
-        config = read_config(_reference(load, args))
+    elif reference is not None:
+        config = read_config(reference)
     else:
         base = {"vocab_size": int(args.padded_vocab_size),
                 "dtype": "bfloat16" if args.bf16 else ("float16" if args.fp16 else "float32")}
@@ -361,8 +362,7 @@ def _reference(load: Path, args) -> Optional[Path]:
     return None
 
 
-def _reference_side_files(load: Path, args):
-    reference = _reference(load, args)
+def _reference_side_files(reference: Optional[Path]):
     return [p for p in sorted(reference.iterdir()) if p.name != "config.json"] \
         if reference is not None else []
 
