@@ -395,14 +395,28 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
     loaded, ``save_format`` the one saved when they differ)."""
     if save_format is not None:
         plan.write_text(json.dumps({**json.loads(plan.read_text()), "save_format": save_format}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={ranks}", "-m", "megatron_musa_patch.checkpoint.worker",
-           "--mode", mode, "--plan", str(plan), "--", *flags]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               MEGATRON_LM_PATH=str(lm))
+    worker = ["-m", "megatron_musa_patch.checkpoint.worker", "--mode", mode, "--plan",
+              str(plan), "--", *flags]
+    env = dict(os.environ, MEGATRON_LM_PATH=str(lm))
+    if ranks == 1:  # torchrun's own interpreter and agent would add seconds to a 1B import
+        cmd = [sys.executable, *worker]
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={ranks}", *worker]
+        env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
     env.pop("MEGATRON_MUSA_PATCH_AUTOACTIVATE", None)
     env.setdefault("MEGATRON_MUSA_PATCH_DEVICE", "cpu")
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"mmp checkpoint: the {mode} step on {ranks} rank(s) failed (exit "
                          f"{proc.returncode}); nothing was written (see its output above).")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -46,6 +46,9 @@ def megatron_model(argv):
         parse_and_validate_args(args_defaults=defaults)
         initialize_megatron()
     args = get_args()
+    # every mode fills or loads every weight: drawing random ones first is wasted work (a third
+    # of a 1B import); core_transformer_config_from_args hands it to the model's config
+    args.perform_initialization = False
     from gpt_builders import gpt_builder  # the checkout's, as pretrain_gpt.py imports them
     from model_provider import model_provider
 

@@ -18,7 +18,8 @@ from .hf_steps import (assert_bitwise, assert_config_from_args, first_losses, im
 pytestmark = pytest.mark.stock
 
 #: training flags a layout needs beyond its sizes: MoE with TP asks for sequence parallelism
-TRAINING = {"mixtral-tp2": ["--sequence-parallel"], "deepseek_v3-tp2": ["--sequence-parallel"]}
+TRAINING = {"mixtral-tp2": ["--sequence-parallel"], "deepseek_v3-tp2": ["--sequence-parallel"],
+            "deepseek_v2_lite": ["--sequence-parallel"]}
 LAYOUTS = {
     "llama31": (["--tensor-model-parallel-size", "2"], "torch_dist"),
     "qwen2": (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
@@ -27,6 +28,8 @@ LAYOUTS = {
     "mixtral": (["--expert-model-parallel-size", "2"], "torch_dist"),
     "deepseek_v3": (["--expert-model-parallel-size", "2"], "torch_dist"),
     "deepseek_v3_mtp": (["--pipeline-model-parallel-size", "2"], "torch_dist"),
+    "deepseek_v2_lite": (["--tensor-model-parallel-size", "2", "--expert-model-parallel-size",
+                          "2"], "torch_dist"),
     "deepseek_v3-tp2": (["--tensor-model-parallel-size", "2", "--expert-model-parallel-size",
                          "2"], "torch"),
     "mixtral-tp2": (["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"],
@@ -50,3 +53,20 @@ def test_family_matches_transformers_and_exports_bit_for_bit(lm_path, tmp_path, 
     if family in tiny_models.WITH_TOKENIZER:  # imported with its tokenizer, exported with it
         assert "--tokenizer-type HuggingFaceTokenizer" in (imported / "model_flags.txt").read_text()
         assert (exported / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
+
+
+def test_bf16_round_trip_is_bit_for_bit(lm_path, tmp_path):
+    """A bf16 model (as released models are) stays bf16 through import (--bf16 in its flags),
+    the TP2 torch-format resave and the export: the exported tensors are the original bits."""
+    hf = tiny_models.make("qwen2", tmp_path, dtype="bfloat16")
+    imported = import_hf(hf, tmp_path / "imported", ["--tensor-model-parallel-size", "2"],
+                         "torch", lm_path)
+    assert "--bf16" not in (imported / "model_flags.txt").read_text()  # a training choice
+    args = __import__("megatron_musa_patch.checkpoint.cli", fromlist=["cli"]).checkpoint_args(
+        imported)
+    assert args.bf16 and args.params_dtype == torch.bfloat16
+    exported = tmp_path / "exported"
+    mmp("export-hf", "--load", str(imported), "--hf-dir", str(exported), lm_path=lm_path)
+    original = tensors(hf)
+    assert {t.dtype for t in original.values()} == {torch.bfloat16}
+    assert_bitwise(original, tensors(exported))

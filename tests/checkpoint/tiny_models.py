@@ -4,9 +4,12 @@
 from pathlib import Path
 
 #: family -> (config class, model class, config fields beyond the shared tiny shape)
+#: initializer_range 0.1, not transformers' 0.02: at 0.02 a tiny model's attention and routing
+#: are so flat that its loss barely depends on them (a wrong YaRN mscale moved it by 8e-8
+#: relative, under the tests' 1e-5; at 0.1 by 4e-4)
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             rms_norm_eps=1e-5, tie_word_embeddings=False)
+             rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.1)
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama31": ("LlamaConfig", "LlamaForCausalLM", {
@@ -18,13 +21,30 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
                                                          "num_experts_per_tok": 2}),
     # MLA with a query LoRA, one dense layer then MoE layers with a shared expert, grouped
-    # top-4 of 8 sigmoid-scored experts with a bias
+    # top-4 of 8 sigmoid-scored experts with a bias; YaRN as the released V3 has it
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
         "num_hidden_layers": 3, "num_key_value_heads": 4, "first_k_dense_replace": 1,
         "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
         "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
         "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32,
-        "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0}),
+        "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0,
+        "max_position_embeddings": 163840, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 4096, "mscale": 1.0,
+            "mscale_all_dim": 1.0}}),
+    # DeepSeek-V2-Lite's shape: MLA without a query LoRA, greedy top-3 of 8 softmax-scored
+    # experts unnormalised beside two shared ones, V2's YaRN mscales; the hub config's routing
+    # fields that transformers does not hold (aux_loss_alpha, seq_aux, scoring_func) kept
+    "deepseek_v2_lite": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "first_k_dense_replace": 1,
+        "q_lora_rank": None, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 2,
+        "num_experts_per_tok": 3, "moe_intermediate_size": 32, "topk_method": "greedy",
+        "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.001, "seq_aux": True,
+        "scoring_func": "softmax", "max_position_embeddings": 163840, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 4096, "mscale": 0.707,
+            "mscale_all_dim": 0.707}}),
 }
 
 

@@ -206,13 +206,67 @@ DEEPSEEK = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "beta_fast": 32, "beta_slow": 1,
+        "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0}
+DEEPSEEK_V2 = {**{k: v for k, v in DEEPSEEK.items() if k not in ("rope_interleave",
+                                                                 "num_nextn_predict_layers")},
+               "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+               "q_lora_rank": None, "n_group": None, "topk_group": None, "norm_topk_prob": False,
+               "topk_method": "greedy", "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.001,
+               "seq_aux": True, "rope_parameters": {**YARN, "mscale": 0.707,
+                                                    "mscale_all_dim": 0.707}}
+
+
 @pytest.mark.parametrize("change, says", [
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}},
-     "(YaRN) is not mapped yet"),
-    ({"q_lora_rank": None}, "without a query LoRA"),
+    ({"rope_parameters": {**YARN, "original_max_position_embeddings": 8192}},
+     "YaRN original_max_position_embeddings=8192: Megatron's MLA fixes it at 4096"),
+    ({"rope_parameters": {**YARN, "beta_fast": 16}}, "YaRN beta_fast=16"),
+    ({"rope_parameters": {**YARN, "mscale": None}}, "mscale_all_dim=1.0 without mscale"),
+    ({"rope_parameters": {**YARN, "attention_factor": 1.2}}, "attention_factor=1.2"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+     "rope_type 'llama3' for deepseek_v3"),
     ({"num_experts_per_tok": 4}, "top num_experts_per_tok/topk_group (4)"),
     ({"rope_interleave": False}, "rope_interleave=False"),
 ])
-def test_deepseek_v3_what_is_not_mapped_yet(capsys, tmp_path, change, says):
+def test_deepseek_what_megatron_would_compute_otherwise(capsys, tmp_path, change, says):
     err = imported(capsys, tmp_path, {**DEEPSEEK, **change})
     assert says in err, err
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
+     "topk_method='group_limited_greedy'"),
+    ({"norm_topk_prob": True}, "norm_topk_prob=True"),
+    ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid'"),
+    ({"rope_interleave": True}, "does not know: rope_interleave"),  # V3's; V2 has no switch
+])
+def test_deepseek_v2_what_megatron_would_compute_otherwise(capsys, tmp_path, change, says):
+    err = imported(capsys, tmp_path, {**DEEPSEEK_V2, **change})
+    assert says in err and "nothing was written" in err.lower(), err
+
+
+def test_deepseek_flags_follow_the_config():
+    """V2-Lite (no query LoRA, softmax top-k unnormalised, YaRN with V2's mscales) and V3 (query
+    LoRA, sigmoid + expert bias, YaRN) give the Megatron flags that build them."""
+    from megatron_musa_patch.checkpoint.families import deepseek
+
+    def flag(flags, name):
+        return flags[flags.index(name) + 1] if name in flags else None
+
+    v2 = deepseek.flags(DEEPSEEK_V2)
+    assert "--q-lora-rank" not in v2 and "--moe-router-enable-expert-bias" not in v2
+    assert flag(v2, "--moe-router-score-function") == "softmax" and "--moe-router-pre-softmax" in v2
+    assert flag(v2, "--moe-router-load-balancing-type") == "seq_aux_loss"
+    assert flag(v2, "--moe-aux-loss-coeff") == "0.001"
+    assert (flag(v2, "--rope-type"), flag(v2, "--rotary-scaling-factor"), flag(v2, "--mscale"),
+            flag(v2, "--mscale-all-dim")) == ("yarn", "40", "0.707", "0.707")
+    v3 = deepseek.flags({**DEEPSEEK, "rope_parameters": YARN})
+    assert flag(v3, "--q-lora-rank") == "8" and "--moe-router-enable-expert-bias" in v3
+    assert flag(v3, "--moe-router-score-function") == "sigmoid"
+    assert "--moe-router-pre-softmax" not in v3
+    assert (flag(v3, "--mscale"), flag(v3, "--mscale-all-dim")) == ("1.0", "1.0")
+    # YaRN without both mscales: transformers scales cos/sin by the factor's mscale alone
+    plain = deepseek.flags({**DEEPSEEK, "rope_parameters": {**YARN, "mscale": None,
+                                                            "mscale_all_dim": None}})
+    assert (flag(plain, "--mscale"), flag(plain, "--mscale-all-dim")) == ("1.0", "0.0")
+    assert flag(deepseek.flags(DEEPSEEK), "--rope-type") == "rope"

@@ -1,13 +1,19 @@
-"""DeepSeek-V3: multi-latent attention (MLA) with a query LoRA, dense first layers, then MoE
-layers of routed experts (sigmoid scores, aux-loss-free expert bias, group-limited top-k,
-normalised and scaled weights) beside shared experts.
+"""DeepSeek-V2 and V3: multi-latent attention (MLA), with or without a query LoRA
+(DeepSeek-V2-Lite has none), dense first layers, then MoE layers of routed experts beside shared
+experts. V3 routes on sigmoid scores with an aux-loss-free expert bias, group-limited top-k and
+normalised, scaled weights; V2 on softmax scores, greedy top-k, weights neither normalised nor
+(V2-Lite) scaled.
 
 Megatron's local spec builds it with ``--multi-latent-attention`` (the layer's ``mla_local``
 feature makes MLA run without TransformerEngine). Hugging Face's ``rope_interleave`` RoPE (the
 rotary channels read in pairs) is what Megatron's MLA applies, so the rotary weights map as they
-are. The MTP layers of a hub checkpoint (``num_nextn_predict_layers``, stored after the decoder
-layers with copies of the embedding and output head) become Megatron's ``--mtp-num-layers``.
-Not mapped yet (refused): YaRN RoPE scaling, no query LoRA (DeepSeek-V2-Lite)."""
+are; V2's complex-valued RoPE rotates the same pairs. YaRN RoPE scaling (what the released V2
+and V3 use) maps to ``--rope-type yarn`` with its factor and mscales. The MTP layers of a hub
+checkpoint (``num_nextn_predict_layers``, stored after the decoder layers with copies of the
+embedding and output head) become Megatron's ``--mtp-num-layers``.
+Refused (Megatron would compute something else): V2's ``group_limited_greedy`` (it scores a group
+by its best expert, Megatron by the sum of its best ones), YaRN settings Megatron's MLA fixes
+otherwise (original_max_position_embeddings 4096, beta_fast 32, beta_slow 1)."""
 
 from __future__ import annotations
 
@@ -16,54 +22,107 @@ from typing import Callable, Iterator, List, Tuple
 from ..errors import ConversionError
 from . import common, dense
 
-ARCHITECTURES = {"DeepseekV3ForCausalLM": "deepseek_v3"}
+ARCHITECTURES = {"DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2"}
 
-FIELDS = {
-    "deepseek_v3": {
-        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
-        "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
-        "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim", "head_dim",
-        "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace",
-        "norm_topk_prob", "hidden_act", "max_position_embeddings", "rms_norm_eps",
-        "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling",
-        "rope_interleave", "attention_bias", "attention_dropout", "pretraining_tp",
-        "num_nextn_predict_layers", "topk_method", "scoring_func", "moe_layer_freq", "ep_size",
-        "aux_loss_alpha", "seq_aux",
-    },
+_SHARED_FIELDS = {
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
+    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim", "head_dim",
+    "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace",
+    "norm_topk_prob", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias",
+    "attention_dropout", "pretraining_tp", "topk_method", "moe_layer_freq", "ep_size",
+    "aux_loss_alpha", "seq_aux",
 }
+FIELDS = {
+    "deepseek_v3": _SHARED_FIELDS | {"rope_interleave", "num_nextn_predict_layers",
+                                     "scoring_func"},
+    "deepseek_v2": _SHARED_FIELDS | {"mlp_bias", "scoring_func"},
+}
+
+#: what Megatron's MLA fixes for YaRN (MLATransformerConfig; no flag sets them on any release)
+YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+
+
+def version(config: dict) -> str:
+    return config["model_type"]  # family_of checked it against the architecture
 
 
 def check(config: dict) -> None:
-    common.check_fields(config, "deepseek_v3", FIELDS["deepseek_v3"])
+    kind = version(config)
+    common.check_fields(config, kind, FIELDS[kind])
     common.require(config, "hidden_act", ("silu",), "DeepSeek's MLPs are silu-gated")
     common.require(config, "attention_bias", (None, False), "MLA has no projection biases here")
     common.require(config, "pretraining_tp", (None, 1), "a sharded pretraining layout")
-    common.require(config, "q_lora_rank", lambda v: v is not None and int(v) > 0,
-                   "MLA without a query LoRA (DeepSeek-V2-Lite) is not mapped yet")
-    common.require(config, "rope_interleave", (None, True),
-                   "Megatron's MLA reads the rotary channels in pairs (rope_interleave true)")
-    common.require(config, "norm_topk_prob", (None, True),
-                   "Megatron normalises sigmoid top-k weights")
-    common.require(config, "topk_method", (None, "noaux_tc"),
-                   "Megatron's expert-bias routing is DeepSeek-V3's noaux_tc")
-    common.require(config, "scoring_func", (None, "sigmoid"), "V3 routes on sigmoid scores")
     common.require(config, "moe_layer_freq", (None, 1), "every layer after the dense ones is MoE")
-    if common.rope(config)["rope_type"] != "default":
-        raise ConversionError(
-            f"config.json: rope_type {common.rope(config)['rope_type']!r} for DeepSeek-V3 "
-            f"(YaRN) is not mapped yet; default RoPE is. Nothing was written.")
+    common.require(config, "n_shared_experts", lambda v: v is None or int(v) >= 0,
+                   "a count of shared experts")
+    if kind == "deepseek_v3":
+        common.require(config, "rope_interleave", (None, True),
+                       "Megatron's MLA reads the rotary channels in pairs (rope_interleave true)")
+        common.require(config, "norm_topk_prob", (None, True),
+                       "Megatron normalises sigmoid top-k weights")
+        common.require(config, "topk_method", (None, "noaux_tc"),
+                       "Megatron's expert-bias routing is DeepSeek-V3's noaux_tc")
+        common.require(config, "scoring_func", (None, "sigmoid"), "V3 routes on sigmoid scores")
+    else:
+        common.require(config, "mlp_bias", (None, False), "DeepSeek's MLPs have no biases")
+        common.require(config, "scoring_func", (None, "softmax"), "V2 routes on softmax scores")
+        common.require(config, "norm_topk_prob", (None, False),
+                       "transformers' DeepSeek-V2 scales the top-k softmax scores without "
+                       "normalising them")
+        common.require(config, "topk_method", (None, "greedy"),
+                       "V2's group_limited_greedy scores a group by its best expert, Megatron's "
+                       "group-limited routing by the sum of its best ones, so tokens would go to "
+                       "other experts (greedy is mapped: DeepSeek-V2-Lite)")
+    _yarn(config)
     experts, groups = int(config["n_routed_experts"]), int(config.get("n_group") or 1)
     topk, group_topk = int(config["num_experts_per_tok"]), int(config.get("topk_group") or 1)
     if experts % groups:
         raise ConversionError(f"config.json: n_routed_experts={experts} is not a multiple of "
                               f"n_group={groups}. Nothing was written.")
-    if groups > 1 and topk // group_topk != 2:
+    if kind == "deepseek_v3" and groups > 1 and topk // group_topk != 2:
         raise ConversionError(
             f"config.json: num_experts_per_tok={topk} with topk_group={group_topk}: "
             f"transformers scores a group by its top 2 experts, Megatron by its top "
             f"num_experts_per_tok/topk_group ({topk // group_topk}), so the routing would "
             f"differ. Nothing was written.")
+
+
+def _yarn(config: dict) -> List[str]:
+    """Megatron's flags for the config's RoPE: default, or YaRN as Megatron's MLA computes it."""
+    settings = common.rope(config)
+    kind = settings["rope_type"]
+    if kind == "default":
+        return ["--rope-type", "rope"]
+    if kind != "yarn":
+        raise ConversionError(
+            f"config.json: rope_type {kind!r} for {version(config)}: Megatron's MLA applies "
+            f"default RoPE or YaRN. Nothing was written.")
+    for name, fixed in YARN_FIXED.items():
+        if settings.get(name) is not None and float(settings[name]) != fixed:
+            raise ConversionError(
+                f"config.json: YaRN {name}={settings[name]}: Megatron's MLA fixes it at {fixed} "
+                f"(as the released DeepSeek models have it) and no flag changes it, so the "
+                f"rotary frequencies would differ. Nothing was written.")
+    if settings.get("factor") is None or settings.get("attention_factor") is not None:
+        raise ConversionError(
+            f"config.json: YaRN with factor={settings.get('factor')} and attention_factor="
+            f"{settings.get('attention_factor')}: Megatron's flags give the factor and derive "
+            f"the attention factor from the mscales. Nothing was written.")
+    mscale, mscale_all_dim = settings.get("mscale"), settings.get("mscale_all_dim")
+    if not (mscale and mscale_all_dim):
+        # transformers then scales cos/sin by yarn_get_mscale(factor) alone, as Megatron does
+        # with mscale 1 and mscale_all_dim 0; its softmax scale reads mscale_all_dim by itself
+        if mscale_all_dim:
+            raise ConversionError(
+                f"config.json: YaRN mscale_all_dim={mscale_all_dim} without mscale: "
+                f"transformers and Megatron derive different attention factors from it. "
+                f"Nothing was written.")
+        mscale, mscale_all_dim = 1.0, 0.0
+    return ["--rope-type", "yarn", "--rotary-scaling-factor", common.number(settings["factor"]),
+            "--mscale", repr(float(mscale)), "--mscale-all-dim", repr(float(mscale_all_dim))]
 
 
 def _dense_layers(config: dict) -> int:
@@ -83,12 +142,11 @@ def flags(config: dict) -> List[str]:
            "--swiglu", "--disable-bias-linear", "--hidden-dropout", "0.0",
            "--attention-dropout", repr(float(config.get("attention_dropout") or 0.0)),
            "--multi-latent-attention", "--qk-layernorm",
-           "--q-lora-rank", str(int(config["q_lora_rank"])),
            "--kv-lora-rank", str(int(config["kv_lora_rank"])),
            "--qk-head-dim", str(int(config["qk_nope_head_dim"])),
            "--qk-pos-emb-head-dim", str(int(config["qk_rope_head_dim"])),
            "--v-head-dim", str(int(config["v_head_dim"])),
-           "--position-embedding-type", "rope", "--rope-type", "rope",
+           "--position-embedding-type", "rope", *_yarn(config),
            "--rotary-base", common.number(common.rope(config)["rope_theta"]),
            "--rotary-percent", "1.0",
            "--num-experts", str(int(config["n_routed_experts"])),
@@ -98,10 +156,22 @@ def flags(config: dict) -> List[str]:
            "--moe-layer-freq",  # a list without spaces: one word in model_flags.txt
            "[" + ",".join(["0"] * dense_layers + ["1"] * (layers - dense_layers)) + "]",
            "--moe-router-topk", str(int(config["num_experts_per_tok"])),
-           "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
            "--moe-router-topk-scaling-factor",
            repr(float(config.get("routed_scaling_factor") or 1.0)),
-           "--moe-router-load-balancing-type", "none", "--moe-router-dtype", "fp32"]
+           "--moe-router-dtype", "fp32"]
+    if q_lora(config):
+        out += ["--q-lora-rank", str(q_lora(config))]
+    if version(config) == "deepseek_v3":
+        out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                "--moe-router-load-balancing-type", "none"]
+    else:  # softmax over every expert, then the top k unnormalised; V2's auxiliary loss
+        alpha = float(config.get("aux_loss_alpha") or 0.0)
+        balancing = ("seq_aux_loss" if config.get("seq_aux", True) else "aux_loss") if alpha \
+            else "none"
+        out += ["--moe-router-score-function", "softmax", "--moe-router-pre-softmax",
+                "--moe-router-load-balancing-type", balancing]
+        if alpha:
+            out += ["--moe-aux-loss-coeff", repr(alpha)]
     if groups > 1:
         out += ["--moe-router-num-groups", str(groups), "--moe-router-group-topk",
                 str(group_topk)]
@@ -115,32 +185,43 @@ def flags(config: dict) -> List[str]:
     return out
 
 
+def q_lora(config: dict) -> int:
+    return int(config.get("q_lora_rank") or 0)
+
+
 def mtp_layers(config: dict) -> int:
     return int(config.get("num_nextn_predict_layers") or 0)
 
 
-#: (Megatron name in self_attention., Hugging Face name in self_attn.)
-ATTENTION = (("linear_q_down_proj.weight", "q_a_proj.weight"),
-             ("q_layernorm.weight", "q_a_layernorm.weight"),
-             ("linear_q_up_proj.weight", "q_b_proj.weight"),
-             ("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
-             ("kv_layernorm.weight", "kv_a_layernorm.weight"),
-             ("linear_kv_up_proj.weight", "kv_b_proj.weight"),
-             ("linear_proj.weight", "o_proj.weight"))
+#: (Megatron name in self_attention., Hugging Face name in self_attn.): the query's LoRA, or
+#: its one projection without (V2-Lite), then the key/value LoRA and the output
+QUERY_LORA = (("linear_q_down_proj.weight", "q_a_proj.weight"),
+              ("q_layernorm.weight", "q_a_layernorm.weight"),
+              ("linear_q_up_proj.weight", "q_b_proj.weight"))
+QUERY = (("linear_q_proj.weight", "q_proj.weight"),)
+KEY_VALUE_OUTPUT = (("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
+                    ("kv_layernorm.weight", "kv_a_layernorm.weight"),
+                    ("linear_kv_up_proj.weight", "kv_b_proj.weight"),
+                    ("linear_proj.weight", "o_proj.weight"))
+
+
+def attention(config: dict):
+    return (QUERY_LORA if q_lora(config) else QUERY) + KEY_VALUE_OUTPUT
 
 
 def layer_to_megatron(config: dict, i: int, get: Callable,
                       mg: str = "") -> Iterator[Tuple[str, object]]:
     hf, mg = f"model.layers.{i}.", mg or f"decoder.layers.{i}."
     yield mg + "input_layernorm.weight", get(hf + "input_layernorm.weight")
-    for ours, theirs in ATTENTION:
+    for ours, theirs in attention(config):
         yield mg + "self_attention." + ours, get(hf + "self_attn." + theirs)
     yield mg + "pre_mlp_layernorm.weight", get(hf + "post_attention_layernorm.weight")
     if i < _dense_layers(config):
         yield from dense.mlp_to_megatron(hf + "mlp.", mg + "mlp.", get)
         return
     yield mg + "mlp.router.weight", get(hf + "mlp.gate.weight")
-    yield mg + "mlp.router.expert_bias", get(hf + "mlp.gate.e_score_correction_bias")
+    if version(config) == "deepseek_v3":
+        yield mg + "mlp.router.expert_bias", get(hf + "mlp.gate.e_score_correction_bias")
     for e in range(int(config["n_routed_experts"])):
         yield from dense.mlp_to_megatron(f"{hf}mlp.experts.{e}.",
                                          f"{mg}mlp.experts.local_experts.{e}.", get)
@@ -152,14 +233,15 @@ def layer_to_megatron(config: dict, i: int, get: Callable,
 def layer_to_hf(config: dict, i: int, get: Callable, mg: str = "") -> Iterator[Tuple[str, object]]:
     hf, mg = f"model.layers.{i}.", mg or f"decoder.layers.{i}."
     yield hf + "input_layernorm.weight", get(mg + "input_layernorm.weight")
-    for ours, theirs in ATTENTION:
+    for ours, theirs in attention(config):
         yield hf + "self_attn." + theirs, get(mg + "self_attention." + ours)
     yield hf + "post_attention_layernorm.weight", get(mg + "pre_mlp_layernorm.weight")
     if i < _dense_layers(config):
         yield from dense.mlp_to_hf(hf + "mlp.", mg + "mlp.", get)
         return
     yield hf + "mlp.gate.weight", get(mg + "mlp.router.weight")
-    yield hf + "mlp.gate.e_score_correction_bias", get(mg + "mlp.router.expert_bias")
+    if version(config) == "deepseek_v3":
+        yield hf + "mlp.gate.e_score_correction_bias", get(mg + "mlp.router.expert_bias")
     for e in range(int(config["n_routed_experts"])):
         yield from dense.mlp_to_hf(f"{hf}mlp.experts.{e}.",
                                    f"{mg}mlp.experts.local_experts.{e}.", get)
@@ -176,6 +258,12 @@ def config_from_args(args, base: dict) -> dict:
             f"the checkpoint's --moe-layer-freq {args.moe_layer_freq} is not dense layers "
             f"followed by MoE layers, which is all DeepSeek-V3's config can say.")
     shared = getattr(args, "moe_shared_expert_intermediate_size", None) or 0
+    v2 = getattr(args, "moe_router_score_function", "softmax") == "softmax"
+    if v2 and not getattr(args, "moe_router_pre_softmax", False):
+        raise ConversionError(
+            "the checkpoint's MLA model routes on softmax scores normalised over the top k "
+            "(no --moe-router-pre-softmax), which neither DeepSeek-V2's nor V3's config can say. "
+            "Give a config with --hf-config.")
     config = dict(base)
     config.update({
         "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
@@ -198,9 +286,30 @@ def config_from_args(args, base: dict) -> dict:
         "attention_bias": False, "attention_dropout": args.attention_dropout,
         "rope_interleave": True, "num_nextn_predict_layers": getattr(args, "mtp_num_layers",
                                                                      None) or 0,
-        "rope_parameters": {"rope_theta": float(args.rotary_base), "rope_type": "default"},
+        "rope_parameters": _rope_from_args(args),
     })
+    if v2:
+        for name in ("rope_interleave", "num_nextn_predict_layers"):
+            config.pop(name)
+        balancing = getattr(args, "moe_router_load_balancing_type", "none")
+        balancing = balancing[0] if isinstance(balancing, (list, tuple)) else balancing
+        config.update({
+            "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
+            "topk_method": "greedy", "norm_topk_prob": False, "scoring_func": "softmax",
+            "n_group": args.moe_router_num_groups, "topk_group": args.moe_router_group_topk,
+            "aux_loss_alpha": float(getattr(args, "moe_aux_loss_coeff", 0.0) or 0.0)
+            if balancing != "none" else 0.0, "seq_aux": balancing == "seq_aux_loss",
+            "mlp_bias": False})
     return config
+
+
+def _rope_from_args(args) -> dict:
+    rope = {"rope_theta": float(args.rotary_base), "rope_type": "default"}
+    if (getattr(args, "rope_type", None) or "yarn") == "yarn":  # MLA's default is YaRN
+        rope.update({"rope_type": "yarn", "factor": float(args.rotary_scaling_factor),
+                     "mscale": float(args.mscale), "mscale_all_dim": float(args.mscale_all_dim),
+                     **{k: v for k, v in YARN_FIXED.items()}})
+    return rope
 
 
 #: an MTP layer's own tensors besides its decoder layer: (Megatron, Hugging Face) under the layer

@@ -1,0 +1,149 @@
+"""``mmp checkpoint import-hf`` / ``export-hf`` of a 1B-shaped model against copying its
+safetensors, side by side in one run.
+
+The model is Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads of which 8 key/value,
+intermediate 8192, vocabulary 128256, tied embedding; 1.24 B parameters), random bf16 weights
+generated here (nothing is downloaded), in two safetensors shards. Each figure is the median of
+``--repeat`` runs; the copy is ``shutil.copyfile`` of the shards (what "copying its safetensors"
+costs on this disk, page cache warm as for the conversion). The goal (issue "Hugging Face
+checkpoints"): import within 2x the copy.
+
+    MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
+        [--repeat 3] [--export] [--layers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
+
+SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+             max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_theta=500000.0, torch_dtype="bfloat16")
+
+
+def generate(target: Path, layers: int, shards: int = 2) -> Path:
+    """A random bf16 Llama of the 1B shape in ``target`` (config.json + safetensors shards
+    with their index), tensor by tensor (never the whole model in float32)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    config = transformers.LlamaConfig(**{**SHAPE, "num_hidden_layers": layers},
+                                      architectures=["LlamaForCausalLM"])
+    with torch.device("meta"):
+        shapes = {n: t.shape for n, t in
+                  transformers.LlamaForCausalLM(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    names = list(shapes)
+    generator = torch.Generator().manual_seed(0)
+    target.mkdir(parents=True)
+    index, per_shard = {}, -(-len(names) // shards)
+    for i in range(shards):
+        part = names[i * per_shard:(i + 1) * per_shard]
+        tensors = {}
+        for name in part:
+            shape = shapes[name]
+            tensors[name] = (torch.ones(shape) if len(shape) == 1 else torch.randn(
+                shape, generator=generator) * 0.02).to(torch.bfloat16)
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(tensors, str(target / file), metadata={"format": "pt"})
+        index.update({name: file for name in part})
+        del tensors
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    config.save_pretrained(target)
+    return target
+
+
+def copy_shards(source: Path, target: Path) -> None:
+    target.mkdir()
+    for path in sorted(source.glob("*.safetensors")):
+        shutil.copyfile(path, target / path.name)
+
+
+def timed(fn, repeat: int) -> list:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", help="where the model and its copies go (default: a "
+                                          "temporary directory beside the system's)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=16,
+                        help="decoder layers (16: the 1B shape; fewer for a quick look)")
+    parser.add_argument("--export", action="store_true",
+                        help="also time export-hf of the imported checkpoint")
+    opts = parser.parse_args(argv)
+    if not os.environ.get("MEGATRON_LM_PATH"):
+        parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
+    root = Path(tempfile.mkdtemp(prefix="mmp-bench-ckpt-", dir=opts.workdir))
+    mmp = [sys.executable, "-m", "megatron_musa_patch.cli"]
+    try:
+        print(f"generating the {opts.layers}-layer model in {root} ...", flush=True)
+        model = generate(root / "hf", opts.layers)
+        size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+        runs = {"copy": [], "import-hf": [], "export-hf": []}
+
+        def copy():
+            out = root / "copy"
+            shutil.rmtree(out, ignore_errors=True)
+            copy_shards(model, out)
+
+        def run(argv):
+            proc = subprocess.run(mmp + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+            if proc.returncode:
+                sys.exit(f"{' '.join(argv[:2])} failed:\n{proc.stderr[-3000:]}")
+
+        def import_hf():
+            shutil.rmtree(root / "ckpt", ignore_errors=True)
+            run(["checkpoint", "import-hf", "--hf-dir", str(model), "--save", str(root / "ckpt")])
+
+        def export_hf():
+            shutil.rmtree(root / "exported", ignore_errors=True)
+            run(["checkpoint", "export-hf", "--load", str(root / "ckpt"),
+                 "--hf-dir", str(root / "exported")])
+
+        copy()  # the page cache warm for every figure
+        for i in range(opts.repeat):  # interleaved, so drift hits each alike
+            runs["copy"] += timed(copy, 1)
+            runs["import-hf"] += timed(import_hf, 1)
+            if opts.export:
+                runs["export-hf"] += timed(export_hf, 1)
+            print(f"  run {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in runs.items()
+                                                 if v), flush=True)
+        base = statistics.median(runs["copy"])
+        print(f"\n{describe()}")
+        print(f"model: {opts.layers} layers, {size / 2**30:.2f} GiB of bf16 safetensors; "
+              f"median of {opts.repeat}")
+        for name, values in runs.items():
+            if values:
+                median = statistics.median(values)
+                print(f"  {name:10} {median:7.1f} s  ({median / base:5.2f}x the copy; "
+                      f"min {min(values):.1f}, max {max(values):.1f})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
