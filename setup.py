@@ -152,9 +152,10 @@ setup(
         # suite's files run on every core (most of a file's time is one process waiting on
         # its ranks, so one file at a time leaves a 2-core machine half idle); setuptools and
         # wheel: the build requirements, for pip's resolver dry run in this environment
-        # (tests/unit/test_install_requirement.py)
+        # (tests/unit/test_install_requirement.py); simpy: upstream's examples/inference/utils.py
+        # imports it (tests/checkpoint/test_hf_generate.py runs upstream's generation script)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock",
-                 "pytest-xdist>=3", "setuptools>=64", "wheel"],
+                 "pytest-xdist>=3", "setuptools>=64", "wheel", "simpy"],
         # the rest of upstream's own test dependencies that its tests/unit_tests import
         # (pyproject.toml's `test` group, and of its `training` extra wandb, which
         # megatron/rl/rl_utils.py imports, and omegaconf, which megatron.training.config's

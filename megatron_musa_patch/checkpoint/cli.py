@@ -81,6 +81,7 @@ def import_hf(opts) -> int:
     source = HFCheckpoint(opts.hf_dir)
     family = families.family_of(source.config)
     family.check(source.config)
+    _check_release(family, source.config)
     _check_layout(source.config, layout)
     target = _new_dir(opts.save, "--save")
     lm = _lm_path()
@@ -124,6 +125,14 @@ def import_hf(opts) -> int:
         print("(Megatron trains a MoE model with tensor parallelism only with "
               "--sequence-parallel: add it to the training flags.)")
     return 0
+
+
+def _check_release(family, config: dict) -> None:
+    """A family whose network the installed megatron-core builds otherwise refuses it here."""
+    if hasattr(family, "check_release"):
+        from ..upstream import installed
+
+        family.check_release(config, installed.megatron_core_version())
 
 
 def _layout(opts) -> dict:
@@ -243,6 +252,7 @@ def export_hf(opts) -> int:
     config = _export_config(opts, reference, args)
     family = families.family_of(config)
     family.check(config)
+    _check_release(family, config)
     target = Path(opts.hf_dir)
     if target.exists() and any(target.iterdir()):
         raise ConversionError(f"--hf-dir {target} exists and is not empty: give a new "

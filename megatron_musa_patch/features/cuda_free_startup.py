@@ -67,6 +67,13 @@ def mmp_register_patches(session, registry, device):
         _paged_stash_without_triton, FEATURE, condition=lambda: missing("triton"),
         why="triton is not installed: `import megatron.core` works; --moe-paged-stash "
             "explains that its kernels need triton", megatron=VERIFIED_MEGATRON))
+    registry.add(Patch(
+        f"{FEATURE}.inference_tensor_ops_without_triton",
+        "megatron.core.inference.contexts.attention_context.triton.tensor_ops:*", "module",
+        _inference_tensor_ops_without_triton, FEATURE, condition=lambda: missing("triton"),
+        why="triton is not installed: upstream's inference scripts import it through the Mamba "
+            "builders (0.16-0.17's gpt_static_inference.py); the kernels explain that they "
+            "need triton", megatron=VERIFIED_MEGATRON))
 
 
 def _compile_helpers_if_missing(wrapped, instance, args, kwargs):
@@ -85,6 +92,10 @@ def _no_jit_warmup(*args, **kwargs):  # upstream's parameters vary by release
 
 def _paged_stash_without_triton(module):
     execute_without_triton(module, "the MoE paged stash (--moe-paged-stash)")
+
+
+def _inference_tensor_ops_without_triton(module):
+    execute_without_triton(module, "the dynamic inference context's tensor ops")
 
 
 def _batch_invariant_stand_in(module):

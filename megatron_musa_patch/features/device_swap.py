@@ -163,6 +163,12 @@ def _megatron_patches(device):
         devices=frozenset({"cpu"}), strict=True, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
     yield Patch(
+        "device.inference_broadcast_on_host", "megatron.core.inference.communication_utils:"
+        "_is_cuda", "replace", _on_the_host, FEATURE, devices=frozenset({"cpu"}), strict=True,
+        megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+        why="inference with pipeline parallelism asserts .is_cuda before broadcasting the "
+            "logits and tokens between stages; on the CPU row they are host tensors")
+    yield Patch(
         "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
         "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE,
         devices=OFF_CUDA, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
@@ -170,6 +176,13 @@ def _megatron_patches(device):
         f"the {device.name} generator is not the host's",
         why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
     )
+
+
+def _on_the_host(tensor):
+    """Upstream's check before an inference broadcast between pipeline stages, for the CPU row:
+    the tensor exists and is on the row's device."""
+    assert tensor is not None
+    assert tensor.device.type == "cpu", tensor.device
 
 
 def _host_tensor_as_numpy(wrapped, instance, args, kwargs):

@@ -31,6 +31,9 @@ FACTS: Dict[str, Tuple[str, str]] = {
                   "0.19.0)"),
     "local_spec_has_grouped_mlp": (
         "<0.17", "the local spec builds GroupedMLP for --moe-grouped-gemm (removed in 0.17)"),
+    "mla_normalises_query_input_without_q_lora": (
+        ">=0.19", "MLA with --qk-layernorm and no --q-lora-rank normalises the query "
+                  "projection's input (a fused norm+linear, QKNormConfigResolver; new in 0.19)"),
     "hf_tokenizer_fast_by_default": (
         ">=0.17", "HuggingFaceTokenizer is fast unless --tokenizer-hf-no-use-fast (0.16: slow "
                   "unless --tokenizer-hf-use-fast)"),

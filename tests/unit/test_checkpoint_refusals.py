@@ -270,3 +270,20 @@ def test_deepseek_flags_follow_the_config():
                                                             "mscale_all_dim": None}})
     assert (flag(plain, "--mscale"), flag(plain, "--mscale-all-dim")) == ("1.0", "0.0")
     assert flag(deepseek.flags(DEEPSEEK), "--rope-type") == "rope"
+
+
+def test_deepseek_without_a_query_lora_on_a_release_that_adds_a_query_norm():
+    """megatron-core 0.19 puts a norm before MLA's query projection when there is no query
+    LoRA (--qk-layernorm): V2-Lite is refused there, mapped on 0.16-0.18; with a LoRA it is
+    the model's own q_a_layernorm either way."""
+    from packaging.version import Version
+
+    from megatron_musa_patch.checkpoint.errors import ConversionError
+    from megatron_musa_patch.checkpoint.families import deepseek
+
+    with pytest.raises(ConversionError, match="megatron-core 0.19.2 normalises the query "
+                                              "projection's input"):
+        deepseek.check_release(DEEPSEEK_V2, Version("0.19.2"))
+    for fine in ("0.16.1", "0.18.2"):
+        deepseek.check_release(DEEPSEEK_V2, Version(fine))
+    deepseek.check_release({**DEEPSEEK_V2, "q_lora_rank": 8}, Version("0.19.2"))

@@ -90,6 +90,20 @@ def check(config: dict) -> None:
             f"differ. Nothing was written.")
 
 
+def check_release(config: dict, core) -> None:
+    """What the installed megatron-core (``core``, a Version) builds differently."""
+    from ...upstream import facts
+
+    if not q_lora(config) and facts.holds("mla_normalises_query_input_without_q_lora", core):
+        raise ConversionError(
+            f"{version(config)} without a query LoRA (q_lora_rank null, as DeepSeek-V2-Lite): "
+            f"megatron-core {core} normalises the query projection's input when MLA has "
+            f"--qk-layernorm and no --q-lora-rank, a norm this model does not have, and without "
+            f"--qk-layernorm it would drop the model's kv_a_layernorm; megatron-core 0.16-0.18 "
+            f"build it as it is. Convert with one of those (pip install "
+            f"'megatron-core<0.19' and its Megatron-LM checkout). Nothing was written.")
+
+
 def _yarn(config: dict) -> List[str]:
     """Megatron's flags for the config's RoPE: default, or YaRN as Megatron's MLA computes it."""
     settings = common.rope(config)
