@@ -4,9 +4,10 @@ safetensors, side by side in one run.
 The model is Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads of which 8 key/value,
 intermediate 8192, vocabulary 128256, tied embedding; 1.24 B parameters), random bf16 weights
 generated here (nothing is downloaded), in two safetensors shards. Each figure is the median of
-``--repeat`` runs; the copy is ``shutil.copyfile`` of the shards (what "copying its safetensors"
-costs on this disk, page cache warm as for the conversion). The goal (issue "Hugging Face
-checkpoints"): import within 2x the copy.
+``--repeat`` runs, interleaved; the copy is ``shutil.copyfile`` of the shards (what "copying its
+safetensors" costs on this disk, page cache warm as for the conversion), copy+fsync the same
+flushed to the disk as a checkpoint save is. The goal (issue "Hugging Face checkpoints"): import
+within 2x the copy. Ratios are against the plain copy.
 
     MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
         [--repeat 3] [--export] [--layers 16]
@@ -68,10 +69,14 @@ def generate(target: Path, layers: int, shards: int = 2) -> Path:
     return target
 
 
-def copy_shards(source: Path, target: Path) -> None:
+def copy_shards(source: Path, target: Path, durable: bool = False) -> None:
+    """The shards copied; ``durable``: flushed to the disk as a checkpoint save is (fsync)."""
     target.mkdir()
     for path in sorted(source.glob("*.safetensors")):
         shutil.copyfile(path, target / path.name)
+        if durable:
+            with open(target / path.name, "rb+") as handle:
+                os.fsync(handle.fileno())
 
 
 def timed(fn, repeat: int) -> list:
@@ -101,12 +106,12 @@ def main(argv=None) -> int:
         print(f"generating the {opts.layers}-layer model in {root} ...", flush=True)
         model = generate(root / "hf", opts.layers)
         size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
-        runs = {"copy": [], "import-hf": [], "export-hf": []}
+        runs = {"copy": [], "copy+fsync": [], "import-hf": [], "export-hf": []}
 
-        def copy():
+        def copy(durable=False):
             out = root / "copy"
             shutil.rmtree(out, ignore_errors=True)
-            copy_shards(model, out)
+            copy_shards(model, out, durable)
 
         def run(argv):
             proc = subprocess.run(mmp + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -126,6 +131,7 @@ def main(argv=None) -> int:
         copy()  # the page cache warm for every figure
         for i in range(opts.repeat):  # interleaved, so drift hits each alike
             runs["copy"] += timed(copy, 1)
+            runs["copy+fsync"] += timed(lambda: copy(durable=True), 1)
             runs["import-hf"] += timed(import_hf, 1)
             if opts.export:
                 runs["export-hf"] += timed(export_hf, 1)
