@@ -287,3 +287,21 @@ def test_deepseek_without_a_query_lora_on_a_release_that_adds_a_query_norm():
     for fine in ("0.16.1", "0.18.2"):
         deepseek.check_release(DEEPSEEK_V2, Version(fine))
     deepseek.check_release({**DEEPSEEK_V2, "q_lora_rank": 8}, Version("0.19.2"))
+
+
+def test_hub_bookkeeping_of_deepseek_configs_is_not_refused():
+    """The released DeepSeek configs name their remote-code classes (auto_map): bookkeeping,
+    not network; the old-style rope_scaling spelling of YaRN reads as rope_parameters."""
+    from megatron_musa_patch.checkpoint.families import deepseek
+
+    auto_map = {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
+                "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"}
+    old_style = {k: v for k, v in DEEPSEEK_V2.items() if k != "rope_parameters"}
+    rope = {k: v for k, v in DEEPSEEK_V2["rope_parameters"].items() if k not in ("rope_type",
+                                                                              "rope_theta")}
+    config = {**old_style, "auto_map": auto_map, "rope_theta": 10000,
+              "rope_scaling": {**rope, "type": "yarn"}}
+    deepseek.check(config)
+    flags = deepseek.flags(config)
+    assert flags[flags.index("--rope-type") + 1] == "yarn"
+    assert flags[flags.index("--mscale-all-dim") + 1] == "0.707"

@@ -19,6 +19,8 @@ BOOKKEEPING = frozenset({
     "pruned_heads", "add_cross_attention", "cross_attention_hidden_size", "finetuning_task",
     "task_specific_params", "prefix", "sep_token_id", "decoder_start_token_id",
     "quantization_config_", "max_length", "bad_words_ids", "num_labels",
+    # which remote-code classes trust_remote_code would load (the DeepSeek hub configs carry it)
+    "auto_map",
 })
 
 
