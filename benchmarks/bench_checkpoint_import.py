@@ -79,13 +79,10 @@ def copy_shards(source: Path, target: Path, durable: bool = False) -> None:
                 os.fsync(handle.fileno())
 
 
-def timed(fn, repeat: int) -> list:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main(argv=None) -> int:
@@ -130,11 +127,11 @@ def main(argv=None) -> int:
 
         copy()  # the page cache warm for every figure
         for i in range(opts.repeat):  # interleaved, so drift hits each alike
-            runs["copy"] += timed(copy, 1)
-            runs["copy+fsync"] += timed(lambda: copy(durable=True), 1)
-            runs["import-hf"] += timed(import_hf, 1)
+            runs["copy"].append(timed(copy))
+            runs["copy+fsync"].append(timed(lambda: copy(durable=True)))
+            runs["import-hf"].append(timed(import_hf))
             if opts.export:
-                runs["export-hf"] += timed(export_hf, 1)
+                runs["export-hf"].append(timed(export_hf))
             print(f"  run {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in runs.items()
                                                  if v), flush=True)
         base = statistics.median(runs["copy"])

@@ -10,6 +10,7 @@ suite."""
 import pytest
 import torch
 
+from megatron_musa_patch.checkpoint.cli import checkpoint_args
 from megatron_musa_patch.upstream import facts, installed
 
 from ..stock import runner
@@ -71,8 +72,7 @@ def test_bf16_round_trip_is_bit_for_bit(lm_path, tmp_path):
     imported = import_hf(hf, tmp_path / "imported", ["--tensor-model-parallel-size", "2"],
                          "torch", lm_path)
     assert "--bf16" not in (imported / "model_flags.txt").read_text()  # a training choice
-    args = __import__("megatron_musa_patch.checkpoint.cli", fromlist=["cli"]).checkpoint_args(
-        imported)
+    args = checkpoint_args(imported)
     assert args.bf16 and args.params_dtype == torch.bfloat16
     exported = tmp_path / "exported"
     mmp("export-hf", "--load", str(imported), "--hf-dir", str(exported), lm_path=lm_path)

@@ -16,7 +16,7 @@ import pytest
 
 from ..stock import runner
 from . import tiny_models
-from .hf_steps import import_hf, model_flags
+from .hf_steps import import_hf, model_flags, ranks
 
 pytestmark = pytest.mark.stock
 
@@ -80,13 +80,11 @@ def test_upstream_greedy_generation_matches_transformers(lm_path, tmp_path, case
     hf = tiny_with_tokenizer(family, tmp_path)
     imported = import_hf(hf, tmp_path / "imported", [], "torch_dist", lm_path)
     output = tmp_path / "generated.json"
-    ranks = 1
-    for i in range(0, len(layout), 2):
-        ranks *= int(layout[i + 1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
     env.update(MEGATRON_LM_PATH=str(lm_path), OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [runner.mmp_executable(), "run", "--standalone", f"--nproc-per-node={ranks}", str(script),
+        [runner.mmp_executable(), "run", "--standalone",
+         f"--nproc-per-node={ranks(layout)['nproc']}", str(script),
          *model_flags(imported), *layout, *extra, "--load", str(imported),
          "--micro-batch-size", "1", "--seq-length", "64", "--distributed-backend", "gloo",
          "--use-legacy-static-engine", "--prompts", *PROMPTS,

@@ -76,7 +76,7 @@ def check(config: dict) -> None:
                        "V2's group_limited_greedy scores a group by its best expert, Megatron's "
                        "group-limited routing by the sum of its best ones, so tokens would go to "
                        "other experts (greedy is mapped: DeepSeek-V2-Lite)")
-    _yarn(config)
+    _rope_flags(config)
     experts, groups = int(config["n_routed_experts"]), int(config.get("n_group") or 1)
     topk, group_topk = int(config["num_experts_per_tok"]), int(config.get("topk_group") or 1)
     if experts % groups:
@@ -104,7 +104,7 @@ def check_release(config: dict, core) -> None:
             f"'megatron-core<0.19' and its Megatron-LM checkout). Nothing was written.")
 
 
-def _yarn(config: dict) -> List[str]:
+def _rope_flags(config: dict) -> List[str]:
     """Megatron's flags for the config's RoPE: default, or YaRN as Megatron's MLA computes it."""
     settings = common.rope(config)
     kind = settings["rope_type"]
@@ -160,7 +160,7 @@ def flags(config: dict) -> List[str]:
            "--qk-head-dim", str(int(config["qk_nope_head_dim"])),
            "--qk-pos-emb-head-dim", str(int(config["qk_rope_head_dim"])),
            "--v-head-dim", str(int(config["v_head_dim"])),
-           "--position-embedding-type", "rope", *_yarn(config),
+           "--position-embedding-type", "rope", *_rope_flags(config),
            "--rotary-base", common.number(common.rope(config)["rope_theta"]),
            "--rotary-percent", "1.0",
            "--num-experts", str(int(config["n_routed_experts"])),
@@ -322,7 +322,7 @@ def _rope_from_args(args) -> dict:
     if (getattr(args, "rope_type", None) or "yarn") == "yarn":  # MLA's default is YaRN
         rope.update({"rope_type": "yarn", "factor": float(args.rotary_scaling_factor),
                      "mscale": float(args.mscale), "mscale_all_dim": float(args.mscale_all_dim),
-                     **{k: v for k, v in YARN_FIXED.items()}})
+                     **YARN_FIXED})
     return rope
 
 
