@@ -109,7 +109,7 @@ def read(name):
 
 setup(
     name="megatron-musa-patch",
-    version="0.1.0",
+    version=_load_by_path("megatron_musa_patch", "version.py").__version__,
     description="Patch layer that runs stock Megatron-LM / megatron-core on MUSA, CPU and CUDA",
     long_description=read("README.md"),
     long_description_content_type="text/markdown",
@@ -155,7 +155,9 @@ setup(
         # (tests/unit/test_install_requirement.py); simpy: upstream's examples/inference/utils.py
         # imports it (tests/checkpoint/test_hf_generate.py runs upstream's generation script)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock",
-                 "pytest-xdist>=3", "setuptools>=64", "wheel", "simpy"],
+                 "pytest-xdist>=3", "setuptools>=64", "wheel", "simpy",
+                 # transformers reads an FP8 checkpoint (the oracle of its import) with it
+                 "accelerate"],
         # the rest of upstream's own test dependencies that its tests/unit_tests import
         # (pyproject.toml's `test` group, and of its `training` extra wandb, which
         # megatron/rl/rl_utils.py imports, and omegaconf, which megatron.training.config's

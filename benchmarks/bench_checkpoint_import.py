@@ -7,10 +7,14 @@ generated here (nothing is downloaded), in two safetensors shards. Each figure i
 ``--repeat`` runs, interleaved; the copy is ``shutil.copyfile`` of the shards (what "copying its
 safetensors" costs on this disk, page cache warm as for the conversion), copy+fsync the same
 flushed to the disk as a checkpoint save is. The goal (issue "Hugging Face checkpoints"): import
-within 2x the copy. Ratios are against the plain copy.
+within 2x the copy. Ratios are against the plain copy. ``--slope-layers N`` also converts the
+same shape with N layers, interleaved, and prints what each added GiB costs (the difference of
+the two medians over the difference of the sizes): the conversion's rate beside the copy's,
+without the start-up both sizes pay alike (Python, torch, megatron-core, Megatron's
+initialisation).
 
     MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
-        [--repeat 3] [--export] [--layers 16]
+        [--repeat 3] [--export] [--layers 16] [--slope-layers 4]
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def copy_shards(source: Path, target: Path, durable: bool = False) -> None:
 
 
 def timed(fn) -> float:
+    # what the step before left unwritten is flushed first, untimed: a plain copy leaves its
+    # 2 GiB dirty, and the disk would write them back during the next step's clock
+    os.sync()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -94,21 +101,23 @@ def main(argv=None) -> int:
                         help="decoder layers (16: the 1B shape; fewer for a quick look)")
     parser.add_argument("--export", action="store_true",
                         help="also time export-hf of the imported checkpoint")
+    parser.add_argument("--slope-layers", type=int, default=None,
+                        help="also convert the shape with this many layers: the cost per "
+                             "added GiB, start-up aside")
     opts = parser.parse_args(argv)
     if not os.environ.get("MEGATRON_LM_PATH"):
         parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
     root = Path(tempfile.mkdtemp(prefix="mmp-bench-ckpt-", dir=opts.workdir))
     mmp = [sys.executable, "-m", "megatron_musa_patch.cli"]
     try:
-        print(f"generating the {opts.layers}-layer model in {root} ...", flush=True)
-        model = generate(root / "hf", opts.layers)
-        size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
-        runs = {"copy": [], "copy+fsync": [], "import-hf": [], "export-hf": []}
-
-        def copy(durable=False):
-            out = root / "copy"
-            shutil.rmtree(out, ignore_errors=True)
-            copy_shards(model, out, durable)
+        sizes = [opts.layers] + ([opts.slope_layers] if opts.slope_layers else [])
+        models, nbytes = {}, {}
+        for layers in sizes:
+            print(f"generating the {layers}-layer model in {root} ...", flush=True)
+            models[layers] = generate(root / f"hf{layers}", layers)
+            nbytes[layers] = sum(p.stat().st_size for p in models[layers].glob("*.safetensors"))
+        names = ["copy", "copy+fsync", "import-hf"] + (["export-hf"] if opts.export else [])
+        runs = {(layers, name): [] for layers in sizes for name in names}
 
         def run(argv):
             proc = subprocess.run(mmp + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -116,33 +125,53 @@ def main(argv=None) -> int:
             if proc.returncode:
                 sys.exit(f"{' '.join(argv[:2])} failed:\n{proc.stderr[-3000:]}")
 
-        def import_hf():
-            shutil.rmtree(root / "ckpt", ignore_errors=True)
-            run(["checkpoint", "import-hf", "--hf-dir", str(model), "--save", str(root / "ckpt")])
+        def steps(model):
+            def copy(durable=False):
+                out = root / "copy"
+                shutil.rmtree(out, ignore_errors=True)
+                copy_shards(model, out, durable)
 
-        def export_hf():
-            shutil.rmtree(root / "exported", ignore_errors=True)
-            run(["checkpoint", "export-hf", "--load", str(root / "ckpt"),
-                 "--hf-dir", str(root / "exported")])
+            def import_hf():
+                shutil.rmtree(root / "ckpt", ignore_errors=True)
+                run(["checkpoint", "import-hf", "--hf-dir", str(model), "--save",
+                     str(root / "ckpt")])
 
-        copy()  # the page cache warm for every figure
+            def export_hf():  # of the import just made
+                shutil.rmtree(root / "exported", ignore_errors=True)
+                run(["checkpoint", "export-hf", "--load", str(root / "ckpt"),
+                     "--hf-dir", str(root / "exported")])
+
+            return {"copy": copy, "copy+fsync": lambda: copy(durable=True),
+                    "import-hf": import_hf, "export-hf": export_hf}
+
+        for layers in sizes:
+            steps(models[layers])["copy"]()  # the page cache warm for every figure
         for i in range(opts.repeat):  # interleaved, so drift hits each alike
-            runs["copy"].append(timed(copy))
-            runs["copy+fsync"].append(timed(lambda: copy(durable=True)))
-            runs["import-hf"].append(timed(import_hf))
-            if opts.export:
-                runs["export-hf"].append(timed(export_hf))
-            print(f"  run {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in runs.items()
-                                                 if v), flush=True)
-        base = statistics.median(runs["copy"])
+            for layers in sizes:
+                fns = steps(models[layers])
+                for name in names:
+                    runs[layers, name].append(timed(fns[name]))
+                print(f"  run {i + 1}, {layers} layers: " + ", ".join(
+                    f"{name} {runs[layers, name][-1]:.1f} s" for name in names), flush=True)
+        median = {key: statistics.median(values) for key, values in runs.items()}
         print(f"\n{describe()}")
-        print(f"model: {opts.layers} layers, {size / 2**30:.2f} GiB of bf16 safetensors; "
-              f"median of {opts.repeat}")
-        for name, values in runs.items():
-            if values:
-                median = statistics.median(values)
-                print(f"  {name:10} {median:7.1f} s  ({median / base:5.2f}x the copy; "
+        print(f"median of {opts.repeat}")
+        for layers in sizes:
+            base = median[layers, "copy"]
+            print(f"model: {layers} layers, {nbytes[layers] / 2**30:.2f} GiB of bf16 "
+                  f"safetensors")
+            for name in names:
+                values, value = runs[layers, name], median[layers, name]
+                print(f"  {name:10} {value:7.1f} s  ({value / base:5.2f}x the copy; "
                       f"min {min(values):.1f}, max {max(values):.1f})")
+        if opts.slope_layers:
+            big, small = opts.layers, opts.slope_layers
+            gib = (nbytes[big] - nbytes[small]) / 2**30
+            per = {name: (median[big, name] - median[small, name]) / gib for name in names}
+            print(f"each added GiB ({small} -> {big} layers), start-up aside:")
+            for name in names:
+                print(f"  {name:10} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
+                      f"copy)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

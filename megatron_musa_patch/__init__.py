@@ -11,9 +11,10 @@ import sys as _sys
 
 from .activation import activate, active_session, deactivate, is_active  # noqa: F401
 from .errors import MegatronMusaPatchError  # noqa: F401
+from .version import __version__  # noqa: F401
 
 __all__ = ["activate", "active_session", "deactivate", "is_active", "report",
-           "MegatronMusaPatchError"]
+           "MegatronMusaPatchError", "__version__"]
 
 AUTOACTIVATE_ENV = "MEGATRON_MUSA_PATCH_AUTOACTIVATE"
 

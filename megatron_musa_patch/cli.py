@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from .errors import MegatronMusaPatchError
 
-USAGE = """mmp <command> [options]
+USAGE = """mmp <command> [options]       (mmp --version: this package's release)
 
 commands:
   run [torchrun options] SCRIPT [ARGS]   run a training script with the layer active in every rank
@@ -31,6 +31,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in ("--version", "-V", "version"):
+        from .version import __version__
+
+        print(f"mmp (megatron-musa-patch) {__version__}")
+        return 0
     try:
         if command == "run":
             from .launch import run

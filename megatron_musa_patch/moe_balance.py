@@ -21,6 +21,7 @@ arguments): each rank's loss is then its share of the global loss, as upstream d
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Optional, Tuple
 
@@ -134,3 +135,37 @@ def normalise_topk(probs: torch.Tensor, scaling_factor: Optional[float]) -> torc
     (normalised first, as MT-Megatron and upstream's sigmoid path do)."""
     probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
     return probs * scaling_factor if scaling_factor else probs
+
+
+def best_expert_group_topk(scores: torch.Tensor, topk: int, num_groups: int,
+                           group_topk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's device-limited routing (its ``group_limited_greedy``): the ``group_topk``
+    groups whose *best* expert scores highest, then the top ``topk`` experts inside them.
+    scores: [T, N]; returns (the selected scores, their expert indices), each [T, topk]."""
+    tokens, experts = scores.shape
+    per_group = experts // num_groups
+    best = scores.view(tokens, num_groups, per_group).max(dim=-1).values
+    chosen = best.topk(group_topk, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, chosen, True)
+    masked = scores.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+    values, indices = torch.topk(masked, k=topk, dim=-1)
+    return values, indices
+
+
+class RoutingConfig:
+    """The config of the ``TopKRouter`` now routing, for wrappers of the free functions it calls
+    (they are handed tensors, not the config): ``wrap_routing`` is the wrapper of
+    ``TopKRouter.routing`` that holds it, ``get()`` reads it (None outside routing)."""
+
+    def __init__(self, name: str):
+        self._config = contextvars.ContextVar(name, default=None)
+
+    def wrap_routing(self, wrapped, instance, args, kwargs):
+        token = self._config.set(instance.config)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self._config.reset(token)
+
+    def get(self):
+        return self._config.get()

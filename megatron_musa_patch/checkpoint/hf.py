@@ -2,9 +2,14 @@
 
 Reading: ``config.json`` and the safetensors files (one file, or shards with
 ``model.safetensors.index.json``), each tensor loaded when asked for (``safe_open`` maps the
-file; nothing is read twice or kept). Writing: tensors go into shards of at most
-``max_shard_bytes`` as they arrive, into a temporary directory that is renamed into place only
-when everything is written (an interrupted export leaves nothing that looks complete).
+file; nothing is read twice or kept). A block-wise FP8 checkpoint (the DeepSeek-V3 hub weights:
+``quantization_config`` with ``quant_method`` fp8 and ``weight_block_size``; a float8 weight
+beside its ``<name>_scale_inv``, one scale per block) is read dequantized to the config's dtype
+(weight x the scale of its block, computed in float32, as DeepSeek's ``weight_dequant`` and
+transformers do), and its config is the one of those weights: without ``quantization_config``.
+Writing: tensors go into shards of at most ``max_shard_bytes`` as they arrive, into a temporary
+directory that is renamed into place only when everything is written (an interrupted export
+leaves nothing that looks complete).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 #: the files of a tokenizer (and generation settings) a model directory may carry
+#: the block scales of an FP8 weight: "<weight name>" + this
+SCALE_INV = "_scale_inv"
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
               "generation_config.json", "chat_template.jinja")
@@ -37,6 +44,7 @@ class HFCheckpoint:
                 f"--hf-dir {self.path}: no {CONFIG} there. Give a local Hugging Face model "
                 f"directory (config.json and *.safetensors; this command never downloads).")
         self.config = json.loads((self.path / CONFIG).read_text())
+        self.fp8_block = _fp8_block(self.path, self.config.pop("quantization_config", None))
         self._where = self._index()
         self._open: Dict[str, object] = {}
 
@@ -68,7 +76,8 @@ class HFCheckpoint:
         return where
 
     def names(self) -> List[str]:
-        return sorted(self._where)
+        """The tensors it hands out (an FP8 weight's scales are part of the weight)."""
+        return sorted(n for n in self._where if not (self.fp8_block and n.endswith(SCALE_INV)))
 
     def has(self, name: str) -> bool:
         return name in self._where
@@ -80,6 +89,20 @@ class HFCheckpoint:
                 f"--hf-dir {self.path}: the checkpoint has no tensor {name!r}, which its "
                 f"config ({self.config.get('architectures')}) implies. Is the directory "
                 f"complete, and is it the model its config.json describes?")
+        tensor = self._read(name)
+        if self.fp8_block and name + SCALE_INV in self._where:
+            scale_inv = self._read(name + SCALE_INV)
+            grid = tuple(-(-n // b) for n, b in zip(tensor.shape, self.fp8_block))
+            if tensor.dim() != 2 or tuple(scale_inv.shape) != grid:
+                raise ConversionError(
+                    f"--hf-dir {self.path}: {name}{SCALE_INV} has shape "
+                    f"{tuple(scale_inv.shape)}, where {name} {tuple(tensor.shape)} in blocks of "
+                    f"{list(self.fp8_block)} (quantization_config's weight_block_size) needs "
+                    f"{grid}. Is the directory the model its config.json describes?")
+            return dequantize(tensor, scale_inv, self.fp8_block, _dtype(self.config))
+        return tensor
+
+    def _read(self, name: str):
         file = self._where[name]
         handle = self._open.get(file)
         if handle is None:
@@ -93,6 +116,40 @@ class HFCheckpoint:
 
     def total_bytes(self) -> int:
         return sum((self.path / f).stat().st_size for f in set(self._where.values()))
+
+
+def _fp8_block(path: Path, quantization: Optional[dict]):
+    """(rows, columns) of an FP8 block, None without quantization; any other quantization is
+    refused (its weights are not what the network computes with)."""
+    if quantization is None:
+        return None
+    block = quantization.get("weight_block_size")
+    if (quantization.get("quant_method") != "fp8" or quantization.get("fmt", "e4m3") != "e4m3"
+            or not (isinstance(block, list) and len(block) == 2)):
+        raise ConversionError(
+            f"--hf-dir {path}: config.json's quantization_config {quantization} is not one "
+            f"this conversion reads: it dequantizes block-wise FP8 (quant_method fp8, fmt "
+            f"e4m3, weight_block_size [rows, columns], as the DeepSeek-V3 hub weights). "
+            f"Dequantize the model first (its own tools, or transformers' from_pretrained and "
+            f"save_pretrained), and import that. Nothing was written.")
+    return int(block[0]), int(block[1])
+
+
+def _dtype(config: dict):
+    import torch
+
+    return getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "bfloat16"))
+
+
+def dequantize(weight, scale_inv, block, dtype):
+    """A block-wise FP8 weight in ``dtype``: each (rows x columns) block times its scale (the
+    last blocks of a side that the block does not divide are partial)."""
+    import torch
+
+    rows, cols = weight.shape
+    scale = scale_inv.to(torch.float32).repeat_interleave(block[0], dim=0)[:rows]
+    scale = scale.repeat_interleave(block[1], dim=1)[:, :cols]
+    return (weight.to(torch.float32) * scale).to(dtype)
 
 
 class HFWriter:

@@ -11,8 +11,8 @@ stock ``pretrain_gpt.py`` writes and loads, in either format and any layout, on 
   again in the format asked for;
 * ``dump``: one rank: loaded, then every tensor handed to the Hugging Face writer.
 
-    python -m megatron_musa_patch.checkpoint.worker --mode fill|reshard|dump \\
-        --plan PLAN.json -- <Megatron flags>
+    python -c 'from megatron_musa_patch.checkpoint.worker import run; run()' \\
+        --mode fill|reshard|dump --plan PLAN.json -- <Megatron flags>
 """
 
 from __future__ import annotations
@@ -82,8 +82,13 @@ def fill(plan: dict, model) -> None:
                 raise SystemExit(f"mmp checkpoint: {name}: Hugging Face gives "
                                  f"{tuple(tensor.shape)}, the Megatron model holds "
                                  f"{tuple(target.shape)}")
-            with torch.no_grad():
-                target.copy_(tensor)
+            if tensor.dtype == target.dtype and tensor.is_contiguous():
+                # taken as it is (safetensors maps the file): a copy would touch every page
+                # of the model once more, the untouched buffer the model was built with goes
+                target.data = tensor
+            else:
+                with torch.no_grad():
+                    target.copy_(tensor)
             seen.add(name)
             progress.update(1)
     missing = sorted(set(params) - seen - _tied_output(params, source.config))
@@ -157,14 +162,54 @@ def dump(plan: dict, model) -> None:
 
     try:  # the count, from the same mapping over shapes alone (tensors on the meta device)
         expected = sum(1 for _ in families.to_hf(config, shape_only))
+        handed = set()
         with bar(total=expected, desc="export-hf", unit="tensor") as progress:
             for name, tensor in families.to_hf(config, get):
-                writer.add(name, tensor.clone())
+                writer.add(name, _own_storage(tensor, handed))
                 progress.update(1)
         writer.finish(config, [Path(p) for p in plan.get("side_files", [])])
     except BaseException:
         writer.abandon()
         raise
+
+
+def _results_queue_by_fork() -> None:
+    """Megatron's torch_dist writer reports through a manager process it starts with
+    ``spawn``; unpickling the report makes that process import torch (two seconds of a 1B
+    import). Started here by ``fork``, before the model is built, it has torch already. Where a
+    release keeps the queue elsewhere, nothing changes but those seconds."""
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", False) is None:
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+
+
+def _without_crc32() -> None:
+    """torch.save (which writes every record of either format) computes a CRC32 over each
+    tensor's bytes, a third of a 1B import's save on 2 cores; torch.load never checks it (torch
+    documents loading such files), and the conversion has the source to compare against."""
+    import torch
+
+    if hasattr(torch.serialization, "set_crc32_options"):
+        torch.serialization.set_crc32_options(False)
+
+
+def _own_storage(tensor, handed: set):
+    """``tensor``, copied only where it is a piece of a larger one (q, k and v of the fused
+    QKV; gate and up of fc1) or already handed out under another name (the MTP layers' copies
+    of the embedding and output head are the model's own): safetensors refuses tensors that
+    share memory, and copying the rest would touch the whole model once more. ``handed``: the
+    storages given out so far."""
+    import torch
+
+    storage = tensor.untyped_storage()
+    whole = storage.nbytes() == tensor.numel() * tensor.element_size()
+    if not (whole and tensor.is_contiguous()) or storage.data_ptr() in handed:
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    handed.add(tensor.untyped_storage().data_ptr())
+    return tensor
 
 
 def main(argv=None) -> int:
@@ -176,6 +221,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plan", required=True, help="JSON written by mmp checkpoint")
     opts = parser.parse_args(own)
     plan = json.loads(Path(opts.plan).read_text())
+    if opts.mode != "dump":  # the steps that save
+        _results_queue_by_fork()
     args, model = megatron_model(megatron_argv)
     from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 
@@ -190,6 +237,7 @@ def main(argv=None) -> int:
     # --ckpt-convert-format does it)
     args.ckpt_format = plan.get("save_format", args.ckpt_format)
     args.use_dist_ckpt = args.ckpt_format != "torch"
+    _without_crc32()
     save_checkpoint(0, model, None, None, 0)
     import torch.distributed as dist
 
@@ -198,7 +246,11 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The entry ``mmp checkpoint`` starts: ``python -c`` with this, not ``-m`` with the module:
+    a process started with ``spawn`` imports the parent's main module again, and this one
+    would bring the package, torch and megatron-core with it (seconds) for a helper that needs
+    none of them (Megatron's checkpoint writer spawns one, see ``_results_queue_by_fork``)."""
     from ..errors import MegatronMusaPatchError
 
     try:
@@ -206,3 +258,7 @@ if __name__ == "__main__":
     except MegatronMusaPatchError as exc:  # a refusal found while filling: one paragraph
         print(exc.render(), file=sys.stderr)
         sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    run()

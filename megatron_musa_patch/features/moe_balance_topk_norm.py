@@ -16,8 +16,6 @@ wrapped while a ``TopKRouter`` routes; the math is ``moe_balance.normalise_topk`
 
 from __future__ import annotations
 
-import contextvars
-
 import torch
 
 from .. import moe_balance
@@ -34,7 +32,7 @@ DESCRIPTION = "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid withou
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router"
 
-_config = contextvars.ContextVar("mmp_topk_norm_config", default=None)
+_routing = moe_balance.RoutingConfig("mmp_topk_norm_config")
 
 
 @hookimpl
@@ -72,8 +70,9 @@ def mmp_transformer_config(args, config):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE}.routing", f"{ROUTER}:TopKRouter.routing", "wrap", _routing,
-                       FEATURE, why="--moe-router-norm-topk-prob: the routing router's config",
+    registry.add(Patch(f"{FEATURE}.routing", f"{ROUTER}:TopKRouter.routing", "wrap",
+                       _routing.wrap_routing, FEATURE,
+                       why="--moe-router-norm-topk-prob: the routing router's config",
                        megatron=VERIFIED_MEGATRON))
     registry.add(Patch(f"{FEATURE}.topk", f"{ROUTER}:topk_routing_with_score_function", "wrap",
                        _topk, FEATURE,
@@ -81,16 +80,8 @@ def mmp_register_patches(registry):
                            "before the scaling factor", megatron=VERIFIED_MEGATRON))
 
 
-def _routing(wrapped, instance, args, kwargs):
-    token = _config.set(instance.config)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _config.reset(token)
-
-
 def _topk(wrapped, instance, args, kwargs):
-    config = _config.get()
+    config = _routing.get()
     wanted = getattr(config, "moe_router_norm_topk_prob", None) if config is not None else None
     if wanted is None:
         return wrapped(*args, **kwargs)

@@ -49,6 +49,14 @@ def holds(fact: str, version) -> bool:
     return version is not None and version in Range.parse(FACTS[fact][0])
 
 
+def since(fact: str) -> str:
+    """The release from which ``fact`` holds (a fact of one open range, ">=X")."""
+    spec = FACTS[fact][0]
+    if not spec.startswith(">=") or "," in spec:
+        raise ValueError(f"fact {fact!r} does not start at one release ({spec})")
+    return spec[2:]
+
+
 def fixed_upstream(fact: str, since: str) -> Tuple[str, str]:
     """For the record of a fix that upstream made later: its range, from ``since`` (the oldest
     release it was verified on) to the release where the fact starts to hold, and its ``ends``

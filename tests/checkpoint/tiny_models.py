@@ -45,6 +45,20 @@ FAMILIES = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
             "beta_slow": 1, "original_max_position_embeddings": 4096, "mscale": 0.707,
             "mscale_all_dim": 0.707}}),
+    # the full DeepSeek-V2's routing: MLA with a query LoRA, group_limited_greedy (the top group
+    # by its best expert; Megatron's own rule, the sum of a group's top 2, would choose other
+    # groups), scaled unnormalised softmax weights
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "first_k_dense_replace": 1,
+        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 2,
+        "num_experts_per_tok": 2, "n_group": 4, "topk_group": 1, "moe_intermediate_size": 32,
+        "topk_method": "group_limited_greedy", "routed_scaling_factor": 2.0,
+        "aux_loss_alpha": 0.001, "seq_aux": True, "scoring_func": "softmax",
+        "max_position_embeddings": 163840, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+            "beta_slow": 1, "original_max_position_embeddings": 4096, "mscale": 0.707,
+            "mscale_all_dim": 0.707}}),
 }
 
 
@@ -53,6 +67,8 @@ def make(family: str, root: Path, seed: int = 0, dtype: str = "float32", **overr
     import torch
     import transformers
 
+    if family == "deepseek_v3_fp8":
+        return with_fp8(make("deepseek_v3", root, seed, dtype, **overrides))
     if family == "deepseek_v3_mtp":
         # 4 layers, so that PP2 splits them
         return with_mtp(make("deepseek_v3", root, seed, dtype,
@@ -140,5 +156,42 @@ def with_mtp(model_dir: Path, seed: int) -> Path:
         prefix + "shared_head.head.weight": weights["lm_head.weight"].clone()})
     save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
     config["num_nextn_predict_layers"] = 1
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return model_dir
+
+
+#: the block of the tiny FP8 model: its sides do not divide every weight (kv_a_proj_with_mqa has
+#: 24 rows), so partial blocks are read as the hub's 128 x 128 ones are
+FP8_BLOCK = (16, 16)
+
+
+def with_fp8(model_dir: Path) -> Path:
+    """The model as the DeepSeek-V3 hub stores it: every linear weight of the decoder layers
+    (attention, dense MLP, experts, shared experts; not the router, norms, embedding or head) in
+    float8 e4m3 with one float32 scale per block (``<name>_scale_inv``: the block's largest
+    magnitude / 448), and the quantization_config that says so."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    rows, cols = FP8_BLOCK
+    linear = [n for n in weights if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+    for name in linear:
+        w = weights[name].to(torch.float32)
+        grid = (-(-w.shape[0] // rows), -(-w.shape[1] // cols))
+        padded = torch.zeros(grid[0] * rows, grid[1] * cols)
+        padded[:w.shape[0], :w.shape[1]] = w
+        blocks = padded.reshape(grid[0], rows, grid[1], cols)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        expanded = scale.repeat_interleave(rows, 0)[:w.shape[0]].repeat_interleave(cols, 1)[
+            :, :w.shape[1]]
+        weights[name] = (w / expanded).to(torch.float8_e4m3fn)
+        weights[name + "_scale_inv"] = scale
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     return model_dir

@@ -2,7 +2,8 @@
 formulas: --moe-router-norm-topk-prob, MT's unnormalised sigmoid (--moe-router-use-sigmoid
 without it), --moe-complementary-seq-aux-loss (the sequence loss counted on the routing that
 happened: group-limited routing and the expert bias of --moe-router-topk-limited-devices /
---moe-noaux-gamma), and the aliases' group-limited routing itself."""
+--moe-noaux-gamma), the aliases' group-limited routing itself, and --moe-router-group-score max
+(DeepSeek-V2's group_limited_greedy)."""
 
 import json
 
@@ -112,6 +113,25 @@ for name, flag in (("complementary", True), ("upstream", False)):
     probs.sum().backward()  # the loss is attached: gradients reach the logits
     out[name]["grad_norm"] = float(logits.grad.norm())
     logits.grad = None
+
+# --moe-router-group-score max (DeepSeek-V2's group_limited_greedy, as transformers computes
+# it): the group of each token's best expert kept, then the top k inside it; upstream's rule
+# (the sum of a group's top k/group-topk = both its experts) keeps other groups for some tokens
+grouped = dict(moe_router_pre_softmax=True, moe_router_num_groups=4, moe_router_group_topk=1)
+r = router(**grouped)
+r.config.moe_router_group_score = "max"
+probs, rmap = r.routing(logits)
+soft = torch.softmax(flat, dim=-1)
+best = soft.view(-1, 4, 2).max(dim=-1).values
+keep = torch.zeros_like(best).scatter(1, best.topk(1, dim=-1).indices, 1).bool()
+tmp = soft.masked_fill(~keep.unsqueeze(-1).expand(-1, 4, 2).reshape(-1, E), 0.0)
+top = tmp.topk(K, dim=-1)
+want_map = torch.zeros_like(rmap).scatter(1, top.indices, True)
+out["group_max_map"] = bool(torch.equal(rmap, want_map))
+out["group_max_probs"] = float((probs.detach() - torch.zeros_like(soft).scatter(
+    1, top.indices, top.values)).abs().max())
+_, upstream_map = router(**grouped).routing(logits)
+out["group_sum_differs"] = int((upstream_map != want_map).any(-1).sum())
 print("RESULT " + json.dumps(out))
 '''
 
@@ -135,3 +155,6 @@ def test_mt_router_pieces_against_hand_formulas():
     assert abs(up["tracked"] - up["on_plain_topk"]) < 1e-6 * max(1.0, up["on_plain_topk"])
     assert comp["groups_per_token"] == 1 and up["groups_per_token"] == 1
     assert comp["grad_norm"] > 0 and comp["grad_norm"] != up["grad_norm"]  # the loss is attached
+    # --moe-router-group-score max: transformers' group_limited_greedy, not upstream's rule
+    assert out["group_max_map"] and out["group_max_probs"] < 1e-6
+    assert out["group_sum_differs"] > 0  # the test can tell the two rules apart

@@ -234,8 +234,7 @@ def test_deepseek_what_megatron_would_compute_otherwise(capsys, tmp_path, change
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
-     "topk_method='group_limited_greedy'"),
+    ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
     ({"norm_topk_prob": True}, "norm_topk_prob=True"),
     ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid'"),
     ({"rope_interleave": True}, "does not know: rope_interleave"),  # V3's; V2 has no switch
@@ -272,6 +271,52 @@ def test_deepseek_flags_follow_the_config():
     assert flag(deepseek.flags(DEEPSEEK), "--rope-type") == "rope"
 
 
+def test_deepseek_v2_group_limited_routing_is_the_best_expert_rule():
+    """The full DeepSeek-V2's group_limited_greedy routes with the layer's --moe-router-group-score
+    max; V2-Lite's greedy top-k has no groups, whatever n_group says; the export says
+    group_limited_greedy back, and refuses megatron-core's own group rule on softmax scores
+    (V2's config cannot say it)."""
+    from types import SimpleNamespace
+
+    from megatron_musa_patch.checkpoint.errors import ConversionError
+    from megatron_musa_patch.checkpoint.families import deepseek
+
+    def flag(flags, name):
+        return flags[flags.index(name) + 1] if name in flags else None
+
+    full = {**DEEPSEEK_V2, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}
+    deepseek.check(full)
+    flags = deepseek.flags(full)
+    assert (flag(flags, "--moe-router-num-groups"), flag(flags, "--moe-router-group-topk"),
+            flag(flags, "--moe-router-group-score")) == ("2", "1", "max")
+    greedy = deepseek.flags({**DEEPSEEK_V2, "topk_method": "greedy", "n_group": 2,
+                             "topk_group": 1})
+    assert "--moe-router-num-groups" not in greedy and "--moe-router-group-score" not in greedy
+
+    def args(**kw):
+        base = dict(
+            moe_layer_freq=[0, 1], num_layers=2, moe_shared_expert_intermediate_size=None,
+            moe_router_score_function="softmax", moe_router_pre_softmax=True, hidden_size=16,
+            ffn_hidden_size=32, moe_ffn_hidden_size=8, num_attention_heads=2, num_experts=4,
+            moe_router_topk=2, moe_router_topk_scaling_factor=None, moe_router_num_groups=2,
+            moe_router_group_topk=1, moe_router_group_score="max", q_lora_rank=8,
+            kv_lora_rank=8, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8,
+            max_position_embeddings=64, layernorm_epsilon=1e-6,
+            untie_embeddings_and_output_weights=True, attention_dropout=0.0,
+            mtp_num_layers=None, rotary_base=10000, rope_type="rope",
+            moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
+        return SimpleNamespace(**{**base, **kw})
+
+    config = deepseek.config_from_args(args(), {"vocab_size": 128})
+    assert (config["topk_method"], config["n_group"], config["topk_group"]) == \
+        ("group_limited_greedy", 2, 1)
+    assert deepseek.config_from_args(args(moe_router_num_groups=None, moe_router_group_topk=None,
+                                          moe_router_group_score="topk-sum"),
+                                     {"vocab_size": 128})["topk_method"] == "greedy"
+    with pytest.raises(ConversionError, match="without --moe-router-group-score max"):
+        deepseek.config_from_args(args(moe_router_group_score="topk-sum"), {"vocab_size": 128})
+
+
 def test_deepseek_without_a_query_lora_on_a_release_that_adds_a_query_norm():
     """megatron-core 0.19 puts a norm before MLA's query projection when there is no query
     LoRA (--qk-layernorm): V2-Lite is refused there, mapped on 0.16-0.18; with a LoRA it is
@@ -282,8 +327,11 @@ def test_deepseek_without_a_query_lora_on_a_release_that_adds_a_query_norm():
     from megatron_musa_patch.checkpoint.families import deepseek
 
     with pytest.raises(ConversionError, match="megatron-core 0.19.2 normalises the query "
-                                              "projection's input"):
+                                              "projection's input") as refused:
         deepseek.check_release(DEEPSEEK_V2, Version("0.19.2"))
+    # the way out named from the fact's range
+    assert "the releases before 0.19 build it" in str(refused.value)
+    assert "pip install 'megatron-core<0.19'" in str(refused.value)
     for fine in ("0.16.1", "0.18.2"):
         deepseek.check_release(DEEPSEEK_V2, Version(fine))
     deepseek.check_release({**DEEPSEEK_V2, "q_lora_rank": 8}, Version("0.19.2"))
@@ -305,3 +353,42 @@ def test_hub_bookkeeping_of_deepseek_configs_is_not_refused():
     flags = deepseek.flags(config)
     assert flags[flags.index("--rope-type") + 1] == "yarn"
     assert flags[flags.index("--mscale-all-dim") + 1] == "0.707"
+
+
+@pytest.mark.parametrize("quantization, says", [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'quant_method': 'bitsandbytes'"),
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "'fmt': 'e5m2'"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "weight_block_size [rows, columns]"),
+])
+def test_a_quantization_other_than_block_fp8(capsys, tmp_path, quantization, says):
+    err = imported(capsys, tmp_path, {**LLAMA, "quantization_config": quantization})
+    assert says in err and "Dequantize the model first" in err and "Nothing was written" in err
+
+
+def test_block_fp8_is_read_dequantized_and_a_wrong_scale_grid_refused(tmp_path):
+    """A float8 weight times its block's scale (partial blocks at the edges), in the config's
+    dtype; the scales are part of their weights, the config that of the dequantized model."""
+    from safetensors.torch import save_file
+
+    from megatron_musa_patch.checkpoint.errors import ConversionError
+    from megatron_musa_patch.checkpoint.hf import HFCheckpoint
+
+    weight = torch.tensor([[1.0, -2.0, 0.5], [4.0, 0.25, -1.0], [0.5, 1.5, 2.0]])
+    scale = torch.tensor([[0.5, 2.0], [4.0, 0.125]])  # blocks of 2 x 2: the last row/column
+    path = hf_dir(tmp_path, {**LLAMA, "dtype": "bfloat16", "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [2, 2]}}, weights=False)
+    name = "model.layers.0.mlp.down_proj.weight"
+    save_file({name: weight.to(torch.float8_e4m3fn), name + "_scale_inv": scale,
+               "model.norm.weight": torch.ones(3)}, str(path / "model.safetensors"))
+    source = HFCheckpoint(path)
+    assert "quantization_config" not in source.config
+    assert source.names() == ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
+    got = source.get(name)
+    want = torch.tensor([[0.5, -1.0, 1.0], [2.0, 0.125, -2.0], [2.0, 6.0, 0.25]])
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    assert torch.equal(source.get("model.norm.weight"), torch.ones(3))  # not quantized
+    save_file({name: weight.to(torch.float8_e4m3fn), name + "_scale_inv": scale[:1]},
+              str(path / "model.safetensors"))
+    with pytest.raises(ConversionError, match=r"_scale_inv has shape \(1, 2\), where .* needs "
+                                              r"\(2, 2\)"):
+        HFCheckpoint(path).get(name)

@@ -14,8 +14,9 @@ import torch
 from megatron_musa_patch import moe_balance
 from megatron_musa_patch.errors import ArgumentError, FeatureUnavailableError
 from megatron_musa_patch.features import (megatron_args, moe_balance_complementary,
-                                          moe_balance_topk_norm, recompute, recompute_mla_rms,
-                                          recompute_mlp_rms, te_absent)
+                                          moe_balance_group_score, moe_balance_topk_norm,
+                                          recompute, recompute_mla_rms, recompute_mlp_rms,
+                                          te_absent)
 from megatron_musa_patch.features.mt_megatron import (env_switches, router_flags,
                                                       tp_only_amax_red, virtual_pipeline,
                                                       wait_after_ckpt)
@@ -24,7 +25,7 @@ from megatron_musa_patch.settings import Settings
 from .sessions import make_session
 
 PLUGINS = (recompute, recompute_mla_rms, recompute_mlp_rms, moe_balance_complementary,
-           moe_balance_topk_norm, router_flags, wait_after_ckpt, tp_only_amax_red,
+           moe_balance_topk_norm, moe_balance_group_score, router_flags, wait_after_ckpt, tp_only_amax_red,
            virtual_pipeline, env_switches, te_absent)
 
 
@@ -149,6 +150,25 @@ def test_topk_prob_norm_mode_and_formula():
     with pytest.raises(ArgumentError, match="--moe-router-fusion"):
         moe_balance_topk_norm.mmp_validate_args(args=margs(moe_router_norm_topk_prob=True,
                                                            moe_router_fusion=True))
+
+
+def test_group_score_max_is_the_best_expert_rule_and_its_misuse_is_refused():
+    scores = torch.tensor([[0.30, 0.00, 0.20, 0.20, 0.10, 0.20],   # groups of 2: best 0.3 | 0.2
+                           [0.05, 0.05, 0.40, 0.00, 0.25, 0.25]])  # sum 0.4 | 0.5 (group 3)
+    values, indices = moe_balance.best_expert_group_topk(scores, topk=2, num_groups=3,
+                                                         group_topk=1)
+    assert indices.tolist() == [[0, 1], [2, 3]]  # upstream's top-2 sum keeps groups 2 and 3
+    torch.testing.assert_close(values, torch.tensor([[0.30, 0.00], [0.40, 0.00]]))
+    plain = margs(moe_router_group_score="max")
+    with pytest.raises(ArgumentError, match="add --num-experts, --moe-router-num-groups and "
+                                            "--moe-router-group-topk"):
+        moe_balance_group_score.mmp_validate_args(args=plain)
+    grouped = dict(moe_router_group_score="max", moe_router_num_groups=4,
+                   moe_router_group_topk=2)
+    moe_balance_group_score.mmp_validate_args(args=margs(**grouped))  # fine
+    with pytest.raises(ArgumentError, match="--moe-router-fusion"):
+        moe_balance_group_score.mmp_validate_args(args=margs(**grouped, moe_router_fusion=True))
+    moe_balance_group_score.mmp_validate_args(args=margs(moe_router_group_score="topk-sum"))
 
 
 def hand_sequence_loss(scores, routed, seq, bsz, topk, coeff):
@@ -343,6 +363,8 @@ FLAG_CASES = [
      "--moe-complementary-seq-aux-loss"),
     ("moe_device_balance.topk_prob_norm", ["--moe-router-norm-topk-prob"],
      "--moe-router-norm-topk-prob"),
+    ("moe_device_balance.group_score", ["--moe-router-group-score", "max"],
+     "--moe-router-group-score"),
     ("mt_megatron.router_flags", ["--moe-router-use-sigmoid"], "--moe-router-use-sigmoid"),
     ("mt_megatron.router_flags", ["--moe-router-topk-limited-devices", "2"],
      "--moe-router-topk-limited-devices"),

@@ -11,9 +11,11 @@ are; V2's complex-valued RoPE rotates the same pairs. YaRN RoPE scaling (what th
 and V3 use) maps to ``--rope-type yarn`` with its factor and mscales. The MTP layers of a hub
 checkpoint (``num_nextn_predict_layers``, stored after the decoder layers with copies of the
 embedding and output head) become Megatron's ``--mtp-num-layers``.
-Refused (Megatron would compute something else): V2's ``group_limited_greedy`` (it scores a group
-by its best expert, Megatron by the sum of its best ones), YaRN settings Megatron's MLA fixes
-otherwise (original_max_position_embeddings 4096, beta_fast 32, beta_slow 1)."""
+V2's ``group_limited_greedy`` (the full DeepSeek-V2: a group scored by its best expert) routes
+through the layer's ``--moe-router-group-score max``; Megatron's own group-limited routing scores
+a group by the sum of its best ones. Refused (Megatron would compute something else): YaRN
+settings Megatron's MLA fixes otherwise (original_max_position_embeddings 4096, beta_fast 32,
+beta_slow 1)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ _SHARED_FIELDS = {
     "attention_dropout", "pretraining_tp", "topk_method", "moe_layer_freq", "ep_size",
     "aux_loss_alpha", "seq_aux",
 }
+#: DeepSeek-V2's group-limited routing (``topk_method``)
+GROUP_LIMITED = "group_limited_greedy"
 FIELDS = {
     "deepseek_v3": _SHARED_FIELDS | {"rope_interleave", "num_nextn_predict_layers",
                                      "scoring_func"},
@@ -72,10 +76,8 @@ def check(config: dict) -> None:
         common.require(config, "norm_topk_prob", (None, False),
                        "transformers' DeepSeek-V2 scales the top-k softmax scores without "
                        "normalising them")
-        common.require(config, "topk_method", (None, "greedy"),
-                       "V2's group_limited_greedy scores a group by its best expert, Megatron's "
-                       "group-limited routing by the sum of its best ones, so tokens would go to "
-                       "other experts (greedy is mapped: DeepSeek-V2-Lite)")
+        common.require(config, "topk_method", (None, "greedy", GROUP_LIMITED),
+                       "DeepSeek-V2 routes greedily (V2-Lite) or group-limited (V2)")
     _rope_flags(config)
     experts, groups = int(config["n_routed_experts"]), int(config.get("n_group") or 1)
     topk, group_topk = int(config["num_experts_per_tok"]), int(config.get("topk_group") or 1)
@@ -90,18 +92,27 @@ def check(config: dict) -> None:
             f"differ. Nothing was written.")
 
 
+def _groups(config: dict) -> Tuple[int, int]:
+    """(expert groups, groups kept per token) of the routing: V2's greedy top-k has none."""
+    if version(config) == "deepseek_v2" and config.get("topk_method") != GROUP_LIMITED:
+        return 1, 1
+    return int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+
+
 def check_release(config: dict, core) -> None:
     """What the installed megatron-core (``core``, a Version) builds differently."""
     from ...upstream import facts
 
-    if not q_lora(config) and facts.holds("mla_normalises_query_input_without_q_lora", core):
+    fact = "mla_normalises_query_input_without_q_lora"
+    if not q_lora(config) and facts.holds(fact, core):
+        first = facts.since(fact)
         raise ConversionError(
             f"{version(config)} without a query LoRA (q_lora_rank null, as DeepSeek-V2-Lite): "
             f"megatron-core {core} normalises the query projection's input when MLA has "
             f"--qk-layernorm and no --q-lora-rank, a norm this model does not have, and without "
-            f"--qk-layernorm it would drop the model's kv_a_layernorm; megatron-core 0.16-0.18 "
-            f"build it as it is. Convert with one of those (pip install "
-            f"'megatron-core<0.19' and its Megatron-LM checkout). Nothing was written.")
+            f"--qk-layernorm it would drop the model's kv_a_layernorm; the releases before "
+            f"{first} build it as it is. Convert with one of those (pip install "
+            f"'megatron-core<{first}' and its Megatron-LM checkout). Nothing was written.")
 
 
 def _rope_flags(config: dict) -> List[str]:
@@ -145,7 +156,7 @@ def _dense_layers(config: dict) -> int:
 
 def flags(config: dict) -> List[str]:
     layers, dense_layers = int(config["num_hidden_layers"]), _dense_layers(config)
-    groups, group_topk = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+    groups, group_topk = _groups(config)
     out = ["--transformer-impl", "local",
            "--num-layers", str(layers),
            "--hidden-size", str(int(config["hidden_size"])),
@@ -189,6 +200,8 @@ def flags(config: dict) -> List[str]:
     if groups > 1:
         out += ["--moe-router-num-groups", str(groups), "--moe-router-group-topk",
                 str(group_topk)]
+        if version(config) == "deepseek_v2":  # a group ranked by its best expert (the layer's)
+            out += ["--moe-router-group-score", "max"]
     if not config.get("n_shared_experts"):
         i = out.index("--moe-shared-expert-intermediate-size")
         del out[i:i + 2]
@@ -307,9 +320,18 @@ def config_from_args(args, base: dict) -> dict:
             config.pop(name)
         balancing = getattr(args, "moe_router_load_balancing_type", "none")
         balancing = balancing[0] if isinstance(balancing, (list, tuple)) else balancing
+        grouped = bool(args.moe_router_num_groups and args.moe_router_group_topk)
+        if grouped and getattr(args, "moe_router_group_score", None) != "max":
+            raise ConversionError(
+                "the checkpoint's MLA model routes on softmax scores within expert groups "
+                "ranked by the sum of their best experts (--moe-router-num-groups without "
+                "--moe-router-group-score max), which DeepSeek-V2's config cannot say (its "
+                "group_limited_greedy ranks a group by its best expert). Give a config with "
+                "--hf-config.")
         config.update({
             "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
-            "topk_method": "greedy", "norm_topk_prob": False, "scoring_func": "softmax",
+            "topk_method": GROUP_LIMITED if grouped else "greedy", "norm_topk_prob": False,
+            "scoring_func": "softmax",
             "n_group": args.moe_router_num_groups, "topk_group": args.moe_router_group_topk,
             "aux_loss_alpha": float(getattr(args, "moe_aux_loss_coeff", 0.0) or 0.0)
             if balancing != "none" else 0.0, "seq_aux": balancing == "seq_aux_loss",
