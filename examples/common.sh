@@ -6,15 +6,17 @@
 # master, this node's rank is its line) or from the usual torchrun variables NNODES, NODE_RANK,
 # MASTER_ADDR, MASTER_PORT. Tiny variants run on one machine with 2 CPU ranks.
 #
-# Paths: MEGATRON_LM_PATH (a Megatron-LM checkout of tag core_v0.16.1, required), WORK_HOME
+# Paths: MEGATRON_LM_PATH (a Megatron-LM checkout of the installed megatron-core's tag,
+# core_v0.16.1 ... core_v0.19.0, required), WORK_HOME
 # (checkpoints, TensorBoard, logs; default ./runs), EXPNAME (default: the script's model name).
 
 die() { printf '%s: error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
-[ -n "${MEGATRON_LM_PATH:-}" ] || die "set MEGATRON_LM_PATH to a Megatron-LM checkout of tag \
-core_v0.16.1 (git clone --branch core_v0.16.1 --depth 1 https://github.com/NVIDIA/Megatron-LM)"
+[ -n "${MEGATRON_LM_PATH:-}" ] || die "set MEGATRON_LM_PATH to a Megatron-LM checkout of the \
+installed megatron-core's tag (mmp doctor prints the release; core_v0.16.1 for 0.16.1, \
+core_v0.19.0 for 0.19.x: git clone --branch TAG --depth 1 https://github.com/NVIDIA/Megatron-LM)"
 [ -f "$MEGATRON_LM_PATH/pretrain_gpt.py" ] || die "MEGATRON_LM_PATH=$MEGATRON_LM_PATH has no \
-pretrain_gpt.py; point it at a Megatron-LM checkout of tag core_v0.16.1"
+pretrain_gpt.py; point it at a Megatron-LM checkout of the installed megatron-core's tag"
 command -v mmp >/dev/null 2>&1 || die "the mmp command is not on PATH: pip install \
 megatron-musa-patch (or activate the environment that has it, e.g. .venv)"
 

@@ -19,7 +19,7 @@ commands:
                                          the patch table (machine-readable with --json); with
                                          --resolve-all every record's target on this release,
                                          with --strict an error for any record unverified on it
-  selftest [--layout tp2|pp2|dp2|...]    tiny megatron-core GPT on this device, checked against 1 rank
+  selftest [--layouts tp2,pp2,dp2,...]   tiny megatron-core GPT on this device, checked against 1 rank
   data ...                               tokenize, binarize and blend training data
   checkpoint import-hf|export-hf ...     Hugging Face models in and out of Megatron checkpoints
 """

@@ -4,7 +4,7 @@
 # Multi-latent attention (no query compression in the Lite model), 64 routed experts (top-6) and
 # 2 shared experts in every layer but the first, which is dense.
 #
-#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM  # your megatron-core's tag (core_v0.19.0 ...)
 #   DATA_PATH="$(mmp data blend /data/dsv2)" TOKENIZER_MODEL=/models/DeepSeek-V2-Lite \
 #   HOSTFILE=hostfile bash examples/deepseek_v2_lite/pretrain_deepseek_v2_lite.sh
 #

@@ -2,7 +2,7 @@
 # Llama-2-7B pretraining with the stock Megatron-LM pretrain_gpt.py on a MUSA cluster
 # (8 x MTT S4000 per node; TP2 x DP4 on one node, more nodes add data parallelism).
 #
-#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM  # your megatron-core's tag (core_v0.19.0 ...)
 #   DATA_PATH="$(mmp data blend /data/llama2)" TOKENIZER_MODEL=/models/llama2/tokenizer.model \
 #   HOSTFILE=hostfile bash examples/llama2_7b/pretrain_llama2_7b.sh
 #

@@ -2,7 +2,7 @@
 # Llama-3-8B pretraining with the stock Megatron-LM pretrain_gpt.py on a MUSA cluster
 # (8 x MTT S4000 per node; TP2 x PP2 x DP2 on one node, more nodes add data parallelism).
 #
-#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM  # your megatron-core's tag (core_v0.19.0 ...)
 #   DATA_PATH="$(mmp data blend /data/llama3)" TOKENIZER_MODEL=/models/Meta-Llama-3-8B \
 #   HOSTFILE=hostfile bash examples/llama3_8b/pretrain_llama3_8b.sh
 #

@@ -2,7 +2,7 @@
 # Mixtral-8x7B pretraining with the stock Megatron-LM pretrain_gpt.py on a MUSA cluster
 # (4 nodes x 8 MTT S4000: PP4 x EP8, data parallel 8; the MoE layers' experts are split 8 ways).
 #
-#   export MEGATRON_LM_PATH=/path/to/Megatron-LM        # tag core_v0.16.1
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM  # your megatron-core's tag (core_v0.19.0 ...)
 #   DATA_PATH="$(mmp data blend /data/mixtral)" TOKENIZER_MODEL=/models/mixtral/tokenizer.model \
 #   HOSTFILE=hostfile bash examples/mixtral_8x7b/pretrain_mixtral_8x7b.sh   # on every node
 #

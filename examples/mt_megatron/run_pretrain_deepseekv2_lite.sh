@@ -8,7 +8,7 @@
 # --moe-router-use-sigmoid, --moe-router-norm-topk-prob). One line differs: the launch runs the
 # stock Megatron-LM pretrain_gpt.py through `mmp run` instead of MT's pretrain_deepseekv2.py.
 #
-#   export MEGATRON_LM_PATH=/path/to/Megatron-LM   # tag core_v0.16.1
+#   export MEGATRON_LM_PATH=/path/to/Megatron-LM  # your megatron-core's tag (core_v0.19.0 ...)
 #   DATA_PATH="$(mmp data blend /data/dsv2)" bash examples/mt_megatron/run_pretrain_deepseekv2_lite.sh
 #
 # Every size and parallel setting is a variable (defaults: the Lite model, TP1 PP1 EP8 on 8
@@ -32,7 +32,7 @@ export USE_RECOMPUTE_VARIANCE=${USE_RECOMPUTE_VARIANCE:-1}
 export USE_MUSA_MOE=${USE_MUSA_MOE:-1}
 export ENABLE_ZERO_BUBBLE=${ENABLE_ZERO_BUBBLE:-0}
 
-: "${MEGATRON_LM_PATH:?set MEGATRON_LM_PATH to a Megatron-LM checkout of tag core_v0.16.1}"
+: "${MEGATRON_LM_PATH:?set MEGATRON_LM_PATH to a Megatron-LM checkout of the megatron-core tag}"
 WORK_HOME=${WORK_HOME:-$PWD/runs}
 EXPNAME=${EXPNAME:-deepseekv2_lite}
 CHECKPOINT_PATH=${CHECKPOINT_PATH:-$WORK_HOME/checkpoints/$EXPNAME}

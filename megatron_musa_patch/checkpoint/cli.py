@@ -81,7 +81,6 @@ def import_hf(opts) -> int:
     source = HFCheckpoint(opts.hf_dir)
     family = families.family_of(source.config)
     family.check(source.config)
-    _check_release(family, source.config)
     _check_layout(source.config, layout)
     target = _new_dir(opts.save, "--save")
     lm = _lm_path()
@@ -127,12 +126,13 @@ def import_hf(opts) -> int:
     return 0
 
 
-def _check_release(family, config: dict) -> None:
-    """A family whose network the installed megatron-core builds otherwise refuses it here."""
-    if hasattr(family, "check_release"):
+def _check_built_alike(family, args) -> None:
+    """A checkpoint whose network the installed megatron-core builds otherwise than the family's
+    flags would (a family's ``check_built_alike``) is refused before anything is loaded."""
+    if hasattr(family, "check_built_alike"):
         from ..upstream import installed
 
-        family.check_release(config, installed.megatron_core_version())
+        family.check_built_alike(args, installed.megatron_core_version())
 
 
 def _layout(opts) -> dict:
@@ -252,7 +252,7 @@ def export_hf(opts) -> int:
     config = _export_config(opts, reference, args)
     family = families.family_of(config)
     family.check(config)
-    _check_release(family, config)
+    _check_built_alike(family, args)
     target = Path(opts.hf_dir)
     if target.exists() and any(target.iterdir()):
         raise ConversionError(f"--hf-dir {target} exists and is not empty: give a new "

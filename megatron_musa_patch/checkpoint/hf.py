@@ -26,9 +26,9 @@ from .errors import ConversionError
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-#: the files of a tokenizer (and generation settings) a model directory may carry
 #: the block scales of an FP8 weight: "<weight name>" + this
 SCALE_INV = "_scale_inv"
+#: the files of a tokenizer (and generation settings) a model directory may carry
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
               "generation_config.json", "chat_template.jinja")
@@ -100,6 +100,11 @@ class HFCheckpoint:
                     f"{list(self.fp8_block)} (quantization_config's weight_block_size) needs "
                     f"{grid}. Is the directory the model its config.json describes?")
             return dequantize(tensor, scale_inv, self.fp8_block, _dtype(self.config))
+        if "float8" in str(tensor.dtype):  # its scale missing: the values would be wrong
+            raise ConversionError(
+                f"--hf-dir {self.path}: {name} is {tensor.dtype} without {name}{SCALE_INV} "
+                f"beside it (or without the quantization_config that says how to read it). "
+                f"Is the directory complete, and is it the model its config.json describes?")
         return tensor
 
     def _read(self, name: str):

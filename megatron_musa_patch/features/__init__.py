@@ -9,11 +9,10 @@ needs. A group (``fused_ops``, ``upstream_fixes``, ``checkpoint_safety``) is a p
 
 from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, data_checks,
                device_swap, flash_attention, fsdp_reduce_unfused, fused_ops, lazy_gloo_groups,
-               megatron_args, mla_local, moe_balance_complementary, moe_balance_group_score,
-               moe_balance_topk_norm, moe_device_balance, moe_fusion, mt_megatron, mtp_flags,
-               recompute, recompute_mla_rms,
-               recompute_mlp_rms, release_dropped_groups, te_absent, throughput,
-               upstream_fixes)
+               megatron_args, mla_local, mla_q_proj_without_norm, moe_balance_complementary,
+               moe_balance_group_score, moe_balance_topk_norm, moe_device_balance, moe_fusion,
+               mt_megatron, mtp_flags, recompute, recompute_mla_rms, recompute_mlp_rms,
+               release_dropped_groups, te_absent, throughput, upstream_fixes)
 
 # pluggy calls hooks last-registered first, so a later plugin's patches are registered and
 # applied first: where two features wrap one upstream function, the earlier one here wraps on
@@ -22,9 +21,9 @@ from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, d
 BUILTIN = (device_swap, collectives, release_dropped_groups, lazy_gloo_groups,
            fsdp_reduce_unfused, megatron_args,
            cuda_free_startup, *upstream_fixes.PLUGINS,
-           mla_local, mtp_flags, moe_device_balance, moe_balance_complementary,
-           moe_balance_topk_norm, moe_balance_group_score, recompute, recompute_mla_rms,
-           recompute_mlp_rms, throughput, cpu_offload,
+           mla_local, mla_q_proj_without_norm, mtp_flags, moe_device_balance,
+           moe_balance_complementary, moe_balance_topk_norm, moe_balance_group_score, recompute,
+           recompute_mla_rms, recompute_mlp_rms, throughput, cpu_offload,
            *checkpoint_safety.PLUGINS, data_checks, flash_attention, moe_fusion,
            *fused_ops.PLUGINS, te_absent,
            # after moe_device_balance: its aliases are in place before the balance flags are

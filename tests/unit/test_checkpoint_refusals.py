@@ -317,24 +317,31 @@ def test_deepseek_v2_group_limited_routing_is_the_best_expert_rule():
         deepseek.config_from_args(args(moe_router_group_score="topk-sum"), {"vocab_size": 128})
 
 
-def test_deepseek_without_a_query_lora_on_a_release_that_adds_a_query_norm():
-    """megatron-core 0.19 puts a norm before MLA's query projection when there is no query
-    LoRA (--qk-layernorm): V2-Lite is refused there, mapped on 0.16-0.18; with a LoRA it is
-    the model's own q_a_layernorm either way."""
+def test_deepseek_without_a_query_lora_is_built_without_a_query_norm():
+    """V2-Lite (no query LoRA) gets --mla-q-proj-without-norm, V3 (a LoRA) does not; a checkpoint
+    of such a model saved without the flag is refused for export on megatron-core 0.19, whose
+    MLA then has a query norm the config cannot hold, and taken on 0.16-0.18 or with the flag."""
+    from types import SimpleNamespace
+
     from packaging.version import Version
 
     from megatron_musa_patch.checkpoint.errors import ConversionError
     from megatron_musa_patch.checkpoint.families import deepseek
 
-    with pytest.raises(ConversionError, match="megatron-core 0.19.2 normalises the query "
-                                              "projection's input") as refused:
-        deepseek.check_release(DEEPSEEK_V2, Version("0.19.2"))
-    # the way out named from the fact's range
-    assert "the releases before 0.19 build it" in str(refused.value)
-    assert "pip install 'megatron-core<0.19'" in str(refused.value)
-    for fine in ("0.16.1", "0.18.2"):
-        deepseek.check_release(DEEPSEEK_V2, Version(fine))
-    deepseek.check_release({**DEEPSEEK_V2, "q_lora_rank": 8}, Version("0.19.2"))
+    assert "--mla-q-proj-without-norm" in deepseek.flags(DEEPSEEK_V2)
+    assert "--mla-q-proj-without-norm" not in deepseek.flags({**DEEPSEEK, "rope_parameters": YARN})
+
+    def args(**kw):
+        return SimpleNamespace(**{"multi_latent_attention": True, "q_lora_rank": None,
+                                  "qk_layernorm": True, "mla_q_proj_without_norm": False, **kw})
+
+    with pytest.raises(ConversionError, match="saved without --mla-q-proj-without-norm: "
+                                              "megatron-core 0.19.2 normalises") as refused:
+        deepseek.check_built_alike(args(), Version("0.19.2"))
+    assert "written by a release before 0.19 with that release" in str(refused.value)
+    for fine, release in ((args(), "0.18.2"), (args(mla_q_proj_without_norm=True), "0.19.2"),
+                          (args(q_lora_rank=8), "0.19.2"), (args(qk_layernorm=False), "0.19.2")):
+        deepseek.check_built_alike(fine, Version(release))
 
 
 def test_hub_bookkeeping_of_deepseek_configs_is_not_refused():
@@ -391,4 +398,7 @@ def test_block_fp8_is_read_dequantized_and_a_wrong_scale_grid_refused(tmp_path):
               str(path / "model.safetensors"))
     with pytest.raises(ConversionError, match=r"_scale_inv has shape \(1, 2\), where .* needs "
                                               r"\(2, 2\)"):
+        HFCheckpoint(path).get(name)
+    save_file({name: weight.to(torch.float8_e4m3fn)}, str(path / "model.safetensors"))
+    with pytest.raises(ConversionError, match="float8_e4m3fn without .*down_proj.weight_scale_inv"):
         HFCheckpoint(path).get(name)

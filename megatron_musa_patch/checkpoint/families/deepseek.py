@@ -99,20 +99,24 @@ def _groups(config: dict) -> Tuple[int, int]:
     return int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
 
 
-def check_release(config: dict, core) -> None:
-    """What the installed megatron-core (``core``, a Version) builds differently."""
+def check_built_alike(args, core) -> None:
+    """MLA without a query LoRA saved without --mla-q-proj-without-norm: from megatron-core 0.19
+    its query projection normalises its input (a weight DeepSeek-V2's config has no place for),
+    and the export, which builds the model with the flag, would leave that norm behind."""
     from ...upstream import facts
 
     fact = "mla_normalises_query_input_without_q_lora"
-    if not q_lora(config) and facts.holds(fact, core):
+    if (getattr(args, "multi_latent_attention", False) and args.q_lora_rank is None
+            and getattr(args, "qk_layernorm", False)
+            and not getattr(args, "mla_q_proj_without_norm", False) and facts.holds(fact, core)):
         first = facts.since(fact)
         raise ConversionError(
-            f"{version(config)} without a query LoRA (q_lora_rank null, as DeepSeek-V2-Lite): "
-            f"megatron-core {core} normalises the query projection's input when MLA has "
-            f"--qk-layernorm and no --q-lora-rank, a norm this model does not have, and without "
-            f"--qk-layernorm it would drop the model's kv_a_layernorm; the releases before "
-            f"{first} build it as it is. Convert with one of those (pip install "
-            f"'megatron-core<{first}' and its Megatron-LM checkout). Nothing was written.")
+            f"the checkpoint's multi-latent attention has no query LoRA and was saved without "
+            f"--mla-q-proj-without-norm: megatron-core {core} normalises the query "
+            f"projection's input then (a norm DeepSeek-V2's config cannot hold), which the "
+            f"export would drop. Train such a model with --mla-q-proj-without-norm (import-hf "
+            f"puts it in model_flags.txt), or export a checkpoint written by a release before "
+            f"{first} with that release. Nothing was written.")
 
 
 def _rope_flags(config: dict) -> List[str]:
@@ -186,6 +190,8 @@ def flags(config: dict) -> List[str]:
            "--moe-router-dtype", "fp32"]
     if q_lora(config):
         out += ["--q-lora-rank", str(q_lora(config))]
+    else:  # the query projected from the layer input as it is (0.19 adds a norm otherwise)
+        out.append("--mla-q-proj-without-norm")
     if version(config) == "deepseek_v3":
         out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
                 "--moe-router-load-balancing-type", "none"]
