@@ -188,8 +188,8 @@ def _results_queue_by_fork() -> None:
 
 def _without_crc32() -> None:
     """torch.save (which writes every record of either format) computes a CRC32 over each
-    tensor's bytes, a third of a 1B import's save on 2 cores; torch.load never checks it (torch
-    documents loading such files), and the conversion has the source to compare against."""
+    tensor's bytes, a third of a 1B import's save on 2 cores, and torch.load never checks it
+    (torch documents loading such files; a corrupted record loads alike with or without)."""
     import torch
 
     if hasattr(torch.serialization, "set_crc32_options"):
@@ -250,7 +250,8 @@ def run() -> None:
     """The entry ``mmp checkpoint`` starts: ``python -c`` with this, not ``-m`` with the module:
     a process started with ``spawn`` imports the parent's main module again, and this one
     would bring the package, torch and megatron-core with it (seconds) for a helper that needs
-    none of them (Megatron's checkpoint writer spawns one, see ``_results_queue_by_fork``)."""
+    none of them (Megatron's checkpoint writer spawns one where ``_results_queue_by_fork``
+    cannot put a forked one in its place)."""
     from ..errors import MegatronMusaPatchError
 
     try:

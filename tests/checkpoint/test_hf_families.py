@@ -53,14 +53,14 @@ def test_family_matches_transformers_and_exports_bit_for_bit(lm_path, tmp_path, 
     assert megatron == pytest.approx(expected, rel=1e-5), (megatron, expected)
     exported = tmp_path / "exported"
     mmp("export-hf", "--load", str(imported), "--hf-dir", str(exported), lm_path=lm_path)
-    assert_bitwise(dequantized(hf) if family.endswith("_fp8") else tensors(hf),
+    assert_bitwise(dequantized(hf, exported) if family.endswith("_fp8") else tensors(hf),
                    tensors(exported))
     if family in tiny_models.WITH_TOKENIZER:  # imported with its tokenizer, exported with it
         assert "--tokenizer-type HuggingFaceTokenizer" in (imported / "model_flags.txt").read_text()
         assert (exported / "tokenizer.json").read_bytes() == (hf / "tokenizer.json").read_bytes()
 
 
-def dequantized(hf):
+def dequantized(hf, exported):
     """The FP8 model's tensors as the import reads them (weight x its block's scale), after
     checking them against transformers' own dequantization of the directory; the export gives
     these back, with a config that no longer says FP8."""
@@ -77,8 +77,7 @@ def dequantized(hf):
     assert len(compared) >= 10  # attention, dense MLP and shared experts (experts are fused)
     for name in compared:
         assert torch.equal(out[name], theirs[name]), name
-    assert "quantization_config" not in json.loads((hf.parent / "exported" /
-                                                    "config.json").read_text())
+    assert "quantization_config" not in json.loads((exported / "config.json").read_text())
     return out
 
 

@@ -30,6 +30,9 @@ CASES = {
     "qwen3-pp2": ("qwen3", ["--pipeline-model-parallel-size", "2"], []),
     "mixtral-ep2": ("mixtral", ["--expert-model-parallel-size", "2"], []),
     "deepseek_v3-ep2": ("deepseek_v3", ["--expert-model-parallel-size", "2"], []),
+    # the full V2's best-expert group routing; V2-Lite's query without a norm (0.19)
+    "deepseek_v2-ep2": ("deepseek_v2", ["--expert-model-parallel-size", "2"], []),
+    "deepseek_v2_lite-ep2": ("deepseek_v2_lite", ["--expert-model-parallel-size", "2"], []),
 }
 
 
