@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import ConversionError
+from .hf import config_dtype
 
 FLAGS_FILE = "model_flags.txt"
 REFERENCE = "hf_reference"
@@ -214,7 +215,7 @@ def _tokenizer_size(path: Path) -> int:
 
 
 def _dtype_flags(config: dict) -> List[str]:
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    dtype = config_dtype(config)
     return {"bfloat16": ["--bf16"], "float16": ["--fp16"]}.get(dtype, [])
 
 
@@ -265,7 +266,7 @@ def export_hf(opts) -> int:
     try:
         plan = work / "plan.json"
         side = [str(p) for p in _reference_side_files(reference)]
-        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+        dtype = config_dtype(config)
         plan.write_text(json.dumps({"hf_config": config, "hf_out": str(target),
                                     "side_files": side, "dtype": dtype,
                                     "max_shard_bytes": int(opts.max_shard_size * (1 << 30))}))
@@ -408,8 +409,7 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
     worker = ["-c", WORKER, "--mode", mode, "--plan", str(plan), "--", *flags]
     # torch's CPU allocator asks for huge pages for large tensors (its THP_MEM_ALLOC_ENABLE):
     # a conversion allocates the model's size more than once (Megatron's save copies the
-    # pieces of fused tensors), and faulting that in 4 KiB pages is most of its system time
-    # (a 1B import on 2 cores: 27 -> 17 s)
+    # pieces of fused tensors), and faulting that in 4 KiB pages was most of its system time
     env = dict(os.environ, MEGATRON_LM_PATH=str(lm), THP_MEM_ALLOC_ENABLE="1")
     if ranks == 1:  # torchrun's own interpreter and agent would add seconds to a 1B import
         cmd = [sys.executable, *worker]

@@ -140,10 +140,16 @@ def _fp8_block(path: Path, quantization: Optional[dict]):
     return int(block[0]), int(block[1])
 
 
+def config_dtype(config: dict) -> str:
+    """The dtype a config says its weights are in (either spelling; float32 when it says none,
+    as transformers reads it)."""
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
 def _dtype(config: dict):
     import torch
 
-    return getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "bfloat16"))
+    return getattr(torch, config_dtype(config))
 
 
 def dequantize(weight, scale_inv, block, dtype):

@@ -394,6 +394,12 @@ def test_block_fp8_is_read_dequantized_and_a_wrong_scale_grid_refused(tmp_path):
     want = torch.tensor([[0.5, -1.0, 1.0], [2.0, 0.125, -2.0], [2.0, 6.0, 0.25]])
     assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
     assert torch.equal(source.get("model.norm.weight"), torch.ones(3))  # not quantized
+    # a config that names no dtype: float32, the dtype the import's flags build then
+    config = json.loads((path / "config.json").read_text())
+    del config["dtype"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert HFCheckpoint(path).get(name).dtype == torch.float32
+    assert cli._dtype_flags(config) == []
     save_file({name: weight.to(torch.float8_e4m3fn), name + "_scale_inv": scale[:1]},
               str(path / "model.safetensors"))
     with pytest.raises(ConversionError, match=r"_scale_inv has shape \(1, 2\), where .* needs "
