@@ -71,6 +71,9 @@ VARIABLES = (
     Variable(f"{PREFIX}_TORCHADA", _TRUE + _FALSE, "1",
              "on the musa row, torch-level mapping by torchada (the musa extra); 0: the layer's "
              "built-in mapping"),
+    Variable(f"{PREFIX}_WATCHDOG_DIR", (), "",
+             "where each rank's hang watchdog writes its report (`mmp run` sets it and reads "
+             "them; unset: the stack goes to the rank's stderr)"),
 )
 
 #: MT-Megatron's environment switches (its musa_patch reads them at import), for
@@ -123,6 +126,8 @@ class Settings:
     lm_path: Optional[Path] = None
     #: the MT-Megatron switches (MT_VARIABLES) that are set: ((name, value), ...)
     mt_env: Tuple[Tuple[str, str], ...] = ()
+    #: MEGATRON_MUSA_PATCH_WATCHDOG_DIR (None: unset)
+    watchdog_dir: Optional[str] = None
 
     def changed(self) -> dict:
         """The variables whose value differs from the default (``mmp doctor``)."""
@@ -209,4 +214,5 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         lm_path=Path(lm).expanduser().resolve() if lm else None,
         mt_env=tuple((name, environ[name].strip()) for name in MT_VARIABLES
                      if environ.get(name, "").strip()),
+        watchdog_dir=environ.get(f"{PREFIX}_WATCHDOG_DIR", "").strip() or None,
     )

@@ -8,11 +8,11 @@ needs. A group (``fused_ops``, ``upstream_fixes``, ``checkpoint_safety``) is a p
 """
 
 from . import (checkpoint_safety, collectives, cpu_offload, cuda_free_startup, data_checks,
-               device_swap, flash_attention, fsdp_reduce_unfused, fused_ops, lazy_gloo_groups,
-               megatron_args, mla_local, mla_q_proj_without_norm, moe_balance_complementary,
+               device_swap, flash_attention, fsdp_reduce_unfused, fused_ops, hang_watchdog,
+               lazy_gloo_groups, megatron_args, mla_local, mla_q_proj_without_norm, moe_balance_complementary,
                moe_balance_group_score, moe_balance_topk_norm, moe_device_balance, moe_fusion,
                mt_megatron, mtp_flags, recompute, recompute_mla_rms, recompute_mlp_rms,
-               release_dropped_groups, te_absent, throughput, upstream_fixes)
+               release_dropped_groups, restart_store, te_absent, throughput, upstream_fixes)
 
 # pluggy calls hooks last-registered first, so a later plugin's patches are registered and
 # applied first: where two features wrap one upstream function, the earlier one here wraps on
@@ -24,7 +24,8 @@ BUILTIN = (device_swap, collectives, release_dropped_groups, lazy_gloo_groups,
            mla_local, mla_q_proj_without_norm, mtp_flags, moe_device_balance,
            moe_balance_complementary, moe_balance_topk_norm, moe_balance_group_score, recompute,
            recompute_mla_rms, recompute_mlp_rms, throughput, cpu_offload,
-           *checkpoint_safety.PLUGINS, data_checks, flash_attention, moe_fusion,
+           *checkpoint_safety.PLUGINS, hang_watchdog, restart_store, data_checks,
+           flash_attention, moe_fusion,
            *fused_ops.PLUGINS, te_absent,
            # after moe_device_balance: its aliases are in place before the balance flags are
            # checked (pluggy validates last-registered first)

@@ -453,3 +453,22 @@ def test_layers_per_virtual_stage_with_an_uneven_pipeline_become_stages_per_rank
 def test_uneven_virtual_stages_that_cannot_work_are_one_paragraph(kw, match):
     with pytest.raises(ArgumentError, match=match):
         virtual_pipeline.mmp_validate_args(args=pipeline(**kw))
+
+
+def test_use_epx_is_honoured_under_torchrun_restarts_with_the_hang_watchdog():
+    settings = Settings(mt_env=(("USE_EPX", "1"),))
+    on = env_switches.verdicts(settings, margs(hang_timeout=60.0), "cpu", max_restarts=2)[0]
+    assert on.honoured and "restarts the group up to 2 times" in on.text
+    for args, restarts in ((margs(hang_timeout=60.0), None), (margs(hang_timeout=0.0), 2)):
+        off = env_switches.verdicts(settings, args, "cpu", max_restarts=restarts)[0]
+        assert not off.honoured and "mmp run --max-restarts N" in off.text
+
+
+def test_enable_async_ckpt_is_honoured_by_the_async_writer_flags():
+    settings = Settings(mt_env=(("ENABLE_ASYNC_CKPT", "1"),))
+    on = env_switches.verdicts(settings, margs(async_save=True, use_persistent_ckpt_worker=True),
+                               "cpu")[0]
+    assert on.honoured and "async writer" in on.text
+    # megatron-core drops --async-save without the persistent worker: named, with the flags
+    off = env_switches.verdicts(settings, margs(async_save=True), "cpu")[0]
+    assert not off.honoured and "--async-save --use-persistent-ckpt-worker" in off.text

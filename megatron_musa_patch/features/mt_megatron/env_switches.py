@@ -10,6 +10,7 @@ instead. ``mmp doctor`` lists the same verdicts. ``verdicts`` is the table the R
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import List, Optional
 
@@ -43,8 +44,10 @@ MISSING = {
                            "no zero-bubble schedule here; the 1F1B / interleaved schedules run "
                            "(--num-layers-per-virtual-pipeline-stage for fewer bubbles)"),
     "USE_EPX": ("MT's EPX fault tolerance / elastic training (external EPX package)",
-                "not available; `mmp run` names a dead rank and the latest complete checkpoint, "
-                "and a restart with --load resumes bit for bit"),
+                "launch with `mmp run --max-restarts N` (or torchrun --max-restarts N) and "
+                "--save D --load D: a hung or frozen rank is ended by the hang watchdog "
+                "(--hang-timeout), a dead one seen by torchrun, and the group restarts from the "
+                "latest checkpoint"),
     "USE_DEEPEP_ACE": ("MT-DeepEP's preallocated permute buffers",
                        "not available; --moe-token-dispatcher-type flex "
                        "--moe-flex-dispatcher-backend deepep needs DeepEP"),
@@ -56,7 +59,9 @@ MISSING = {
                         "use upstream's --profile --use-pytorch-profiler --profile-step-start N "
                         "--profile-step-end M (traces under --tensorboard-dir)"),
     "ENABLE_ASYNC_CKPT": ("MT's DLRover flash checkpoint",
-                          "use upstream's --async-save (with --ckpt-format torch_dist)"),
+                          "use megatron-core's async writer: --async-save "
+                          "--use-persistent-ckpt-worker with --ckpt-format torch_dist (and "
+                          "--async-strategy mcore on megatron-core 0.19)"),
     "NO_LOSS_REDUCE": ("MT's single loss all-reduce per step instead of one per micro-batch",
                        "not available; the loss is reduced per micro-batch as upstream does (the "
                        "logged values are the same)"),
@@ -77,12 +82,24 @@ HONOURED = {
 }
 
 
-def verdicts(settings, args=None, device: Optional[str] = None) -> List[Verdict]:
-    """One verdict per MT switch that is set (``args``/``device`` refine a few when known)."""
+def verdicts(settings, args=None, device: Optional[str] = None,
+             max_restarts: Optional[int] = None) -> List[Verdict]:
+    """One verdict per MT switch that is set (``args``/``device`` refine a few when known;
+    ``max_restarts``: torchrun's, when the process runs under it)."""
     found = []
     for name, value in settings.mt_env:
         on = _on(value)
-        if name in MISSING:
+        if name == "USE_EPX" and on and max_restarts and (
+                args is None or getattr(args, "hang_timeout", 0)):
+            found.append(Verdict(name, value, True,
+                                 f"torchrun restarts the group up to {max_restarts} times; the "
+                                 f"hang watchdog ends a hung rank (--hang-timeout)"))
+        elif name == "ENABLE_ASYNC_CKPT" and on and args is not None and getattr(
+                args, "async_save", False) and getattr(args, "use_persistent_ckpt_worker", False):
+            found.append(Verdict(name, value, True,
+                                 "--async-save: megatron-core's async writer saves the "
+                                 "checkpoints while training goes on"))
+        elif name in MISSING:
             what, instead = MISSING[name]
             if on:
                 found.append(Verdict(name, value, False, f"asks for {what}: {instead}"))
@@ -132,6 +149,8 @@ def mmp_validate_args(args, session, device):
             session.why_unavailable(FEATURE) is not None:
         return
     state["warned"] = True
-    text = warning(verdicts(session.settings, args, device.name))
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    text = warning(verdicts(session.settings, args, device.name,
+                            int(restarts) if restarts and restarts.isdigit() else None))
     if text and session.is_rank_zero():
         print(text, file=sys.stderr, flush=True)

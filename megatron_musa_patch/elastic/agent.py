@@ -1,0 +1,73 @@
+"""``mmp run``'s side of torch's elastic agent, for as long as it drives one.
+
+* A rank stopped as a whole (SIGSTOP) keeps the agent's SIGTERM pending until it is continued:
+  the agent waited 30 s for it, then killed it. After the stop signal it now also gets SIGCONT,
+  so it takes the signal at once (a running process ignores SIGCONT).
+* Before each restart the agent would only log that it restarts: ``mmp run`` says which rank
+  failed and where (the watchdog reports, ``reports.py``), and which checkpoint the group resumes
+  from.
+
+The wrappers are installed on torch's classes inside the ``driven`` context and removed after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import contextmanager
+from typing import Callable, Dict, Optional
+
+import wrapt
+
+#: verified on these torch releases (the agent's private methods are wrapped)
+VERIFIED_TORCH = ">=2.11,<2.16"
+
+
+@contextmanager
+def driven(on_restart: Callable[[Dict[int, object], int, int], None]):
+    """While the context is open, ``on_restart(failures, restart, max_restarts)`` runs before a
+    restart that follows failed ranks (not one for a node joining)."""
+    from torch.distributed.elastic.agent.server import api
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        subprocess_handler)
+
+    last: Dict[str, Optional[object]] = {"result": None}
+
+    def monitor(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        last["result"] = result
+        return result
+
+    def restart(wrapped, instance, args, kwargs):
+        result = last["result"]
+        if result is not None and result.state in (api.WorkerState.FAILED,
+                                                    api.WorkerState.UNHEALTHY):
+            spec = instance._worker_group.spec
+            on_restart(dict(result.failures), spec.max_restarts - instance._remaining_restarts,
+                       spec.max_restarts)
+        last["result"] = None
+        return wrapped(*args, **kwargs)
+
+    def close(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            os.killpg(instance.proc.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError, AttributeError):
+            pass
+        return result
+
+    # where each method is defined (LocalElasticAgent overrides _monitor_workers only)
+    targets = [(LocalElasticAgent, "_monitor_workers", monitor),
+               (api.SimpleElasticAgent, "_restart_workers", restart),
+               (subprocess_handler.SubprocessHandler, "close", close)]
+    saved = []
+    for owner, name, impl in targets:
+        original = owner.__dict__[name]
+        saved.append((owner, name, original))
+        setattr(owner, name, wrapt.FunctionWrapper(original, impl))
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
