@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from machine import describe  # noqa: E402
 from tests.stock.runner import run_stock  # noqa: E402
 
-# about 50 M parameters: a save writes ~0.6 GB (fp32 weights and Adam's two moments)
+# about 43 M parameters: a save writes ~0.5 GB (fp32 weights and Adam's two moments)
 MODEL = ["--num-layers", "6", "--hidden-size", "768", "--num-attention-heads", "12",
          "--seq-length", "128", "--max-position-embeddings", "128",
          "--use-distributed-optimizer", "--ckpt-format", "torch_dist"]
