@@ -22,11 +22,14 @@ import os
 import shutil
 import signal
 import sys
+import functools
 import tempfile
-from typing import Dict, List, Optional
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
 
 from .elastic import reports
-from .elastic.agent import driven
+from .elastic.agent import Elastic, driven
 from .errors import ArgumentError
 from .settings import PREFIX
 
@@ -56,31 +59,114 @@ def run(argv: List[str]) -> int:
         args.training_script_args = [mode, args.training_script, *args.training_script_args]
         args.training_script = "megatron_musa_patch.run_worker"
         args.module = True
+    try:
+        with supervised(script_args, args.max_restarts):
+            torchrun(args)
+    except ChildFailedError:
+        return 1
+    return 0
+
+
+@contextmanager
+def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp run",
+               restarter: str = "torchrun", elastic: Optional[Elastic] = None):
+    """The launcher's side of a job while torch's elastic agent (or one derived from it) runs
+    it in this process: a fresh store per attempt, the ranks' hang watchdog reports
+    (features/hang_watchdog.py) collected in a directory and said before each restart, and when
+    the job fails (ChildFailedError, re-raised) the paragraph of who failed where and which
+    checkpoint to resume from."""
+    elastic = elastic or Elastic.torch()
     os.environ.setdefault(FRESH_STORE_ENV, "1")
-    # the ranks' hang watchdog reports (features/hang_watchdog.py), read before each restart
     own_dir = not os.environ.get(WATCHDOG_DIR_ENV)
     if own_dir:
         os.environ[WATCHDOG_DIR_ENV] = tempfile.mkdtemp(prefix="mmp-watchdog-")
     report_dir = os.environ[WATCHDOG_DIR_ENV]
+    said = dict(launcher=launcher, restarter=restarter)
 
-    def on_restart(failures, restart, max_restarts):
+    def on_restart(failures, restart, most):
         stop_leftovers(failure.pid for failure in failures.values())
         print(failure_report(failures, script_args, reports.read(report_dir),
-                             restart=(restart, max_restarts)), file=sys.stderr, flush=True)
+                             restart=(restart, most), **said), file=sys.stderr, flush=True)
         reports.clear(report_dir)
 
     try:
-        with driven(on_restart):
-            torchrun(args)
-    except ChildFailedError as exc:
+        with driven(on_restart, elastic):
+            yield
+    except elastic.child_failed as exc:
         stop_leftovers(failure.pid for failure in exc.failures.values())
         print(failure_report(exc.failures, script_args, reports.read(report_dir),
-                             max_restarts=args.max_restarts), file=sys.stderr, flush=True)
-        return 1
+                             max_restarts=max_restarts, **said), file=sys.stderr, flush=True)
+        raise
     finally:
         if own_dir:
             shutil.rmtree(report_dir, ignore_errors=True)
-    return 0
+            os.environ.pop(WATCHDOG_DIR_ENV, None)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A launcher other than torchrun whose agent gets ``mmp run``'s side through the env hook."""
+
+    name: str  # as it says itself in the reports
+    module: str  # the module whose ``run(args)`` parses nothing more and runs the agent
+    elastic: Callable[[], Elastic]  # the elastic package its agent runs on
+    verified: str  # the launcher's releases this was verified with
+    fix: Optional[Callable[[object], None]] = None  # what it needs to run at all, on its module
+
+
+def _dlrover_subprocess_handler(module) -> None:
+    """dlrover 0.6.1 starts its standalone master with torch's SubprocessHandler as torch 2.3
+    called it, six arguments; torch since then requires a seventh, numa_options, and
+    ``dlrover-run --standalone`` failed with a TypeError. None: no NUMA binding."""
+    import inspect
+
+    import wrapt
+
+    def subprocess_handler(wrapped, instance, args, kwargs):
+        if len(args) == 6 and "numa_options" not in kwargs and \
+                "numa_options" in inspect.signature(wrapped).parameters:
+            kwargs = dict(kwargs, numa_options=None)
+        return wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(module, "SubprocessHandler", subprocess_handler)
+
+
+LAUNCHERS = {
+    "dlrover-run": Launcher("dlrover-run", "dlrover.trainer.torch.elastic_run", Elastic.torch,
+                            "dlrover==0.6.1", _dlrover_subprocess_handler),
+    "ft_launcher": Launcher("ft_launcher", "nvidia_resiliency_ext.fault_tolerance.launcher",
+                            Elastic.nvrx, "nvidia-resiliency-ext==0.4.1"),
+}
+
+
+def supervise(name: str) -> None:
+    """In the agent of launcher ``name`` started with MEGATRON_MUSA_PATCH=1 (the .pth hook calls
+    this; the workers it starts activate the layer themselves): what ``mmp run`` gives torchrun,
+    from when the launcher's module is imported."""
+    import wrapt
+
+    launcher = LAUNCHERS[name]
+    wrapt.register_post_import_hook(functools.partial(_supervise_module, launcher),
+                                    launcher.module)
+
+
+def _supervise_module(launcher: Launcher, module) -> None:
+    import wrapt
+
+    if getattr(module, "_mmp_supervised", False):  # the .pth hook ran twice (a site dir twice)
+        return
+    module._mmp_supervised = True
+
+    def run(wrapped, instance, args, kwargs):
+        parsed = args[0] if args else kwargs["args"]
+        with supervised(list(parsed.training_script_args), parsed.max_restarts,
+                        launcher=f"mmp ({launcher.name})", restarter=launcher.name,
+                        elastic=launcher.elastic()):
+            return wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(module, "run", run)
+    if launcher.fix is not None:
+        launcher.fix(module)
 
 
 def stop_leftovers(rank_pids, grace_s: float = 5.0) -> List[int]:
@@ -141,28 +227,30 @@ def _order(item):
 
 def failure_report(failures: Dict[int, object], script_args: List[str],
                    watchdog: Optional[Dict[int, "reports.RankReport"]] = None, *,
-                   restart: Optional[tuple] = None, max_restarts: int = 0) -> str:
-    """The paragraph ``mmp run`` prints when ranks failed: the rank that failed first and how
-    (what the hang watchdog reports say, when one fired), the others, and where a restart
-    resumes; ``restart=(k, n)`` before the k-th of n restarts, ``max_restarts`` when the job
-    ends with none left."""
-    stacks = [r.main_stack_text() for _, r in sorted((watchdog or {}).items()) if r.fired]
+                   restart: Optional[tuple] = None, max_restarts: int = 0,
+                   launcher: str = "mmp run", restarter: str = "torchrun") -> str:
+    """The paragraph the launcher (``mmp run``) prints when ranks failed: the rank that failed
+    first and how (what the hang watchdog reports say, when one fired), the others, and where a
+    restart resumes; ``restart=(k, n)`` before the k-th of n restarts (by ``restarter``),
+    ``max_restarts`` when the job ends with none left."""
+    stacks = [r.main_stack_text(launcher) for _, r in sorted((watchdog or {}).items())
+              if r.fired]
     found = reports.diagnosis(watchdog or {},
                               {rank: failure.exitcode for rank, failure in failures.items()})
     if found is not None:
-        text = "\n".join(stacks + [f"mmp run: {found}"])
+        text = "\n".join(stacks + [f"{launcher}: {found}"])
     else:
-        text = _exit_statuses(failures)
+        text = _exit_statuses(failures, launcher)
     if restart is not None:
         done, most = restart
-        return (f"{text} torchrun restarts the group (restart {done} of {most}). "
+        return (f"{text} {restarter} restarts the group (restart {done} of {most}). "
                 f"{_resume_hint(script_args, restarting=True)}")
     if max_restarts:
         text += f" No restart was left (--max-restarts {max_restarts})."
     return text + " " + _resume_hint(script_args)
 
 
-def _exit_statuses(failures: Dict[int, object]) -> str:
+def _exit_statuses(failures: Dict[int, object], launcher: str) -> str:
     """The rank that failed first and how, from the exit statuses alone."""
     ranked = sorted(failures.items(), key=_order)
     first_rank, first = ranked[0]
@@ -177,7 +265,7 @@ def _exit_statuses(failures: Dict[int, object]) -> str:
     else:
         lead = f"rank {first_rank} ({where}) was {_how(first.exitcode)} from outside the job"
     others = [f"rank {r} ({_how(f.exitcode)})" for r, f in ranked[1:]]
-    text = f"mmp run: {lead}."
+    text = f"{launcher}: {lead}."
     if others:
         text += (f" The other ranks were stopped because of it: {', '.join(others)} (errors "
                  f"they printed, such as a lost connection, follow from it).")

@@ -44,6 +44,19 @@ if [ -n "${PINS_ONLY:-}" ]; then  # the bulk of the download (torch is 5 GB on P
 fi
 # one pip run for the pins and the package: one resolution, one start-up
 "$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,checkpoint,test,musa]"
+# dlrover-run for its test (tests/stock/test_restarts.py): dlrover and what its standalone master
+# imports (grpc, protobuf, kubernetes, tornado), without its pynvml, whose import warns in every
+# process that imports torch.cuda (nothing here has NVML)
+"$venv/bin/python" -m pip install --quiet grpcio protobuf kubernetes tornado deprecated requests \
+  packaging psutil
+"$venv/bin/python" -m pip install --quiet --no-deps "dlrover==0.6.1"
+# ft_launcher for its test: nvidia-resiliency-ext 0.4.1, the newest whose wheels install before
+# glibc 2.39, serves megatron-core 0.16 (Python 3.11 here); 0.17+ (Python 3.12) need >= 0.6.
+# Without its pynvml too (nvidia-ml-py gives the same module without the warning)
+if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
+  "$venv/bin/python" -m pip install --quiet defusedxml nvidia-ml-py pyyaml
+  "$venv/bin/python" -m pip install --quiet --no-deps "nvidia-resiliency-ext==0.4.1"
+fi
 # versions from the installed metadata: importing torch and megatron.core would take seconds
 echo "bootstrap ($venv): $("$venv/bin/python" -c 'import sys
 from importlib.metadata import version as v

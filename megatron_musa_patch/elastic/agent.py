@@ -7,7 +7,9 @@
   failed and where (the watchdog reports, ``reports.py``), and which checkpoint the group resumes
   from.
 
-The wrappers are installed on torch's classes inside the ``driven`` context and removed after.
+The wrappers are installed on the agent's classes inside the ``driven`` context and removed
+after: torch's (torchrun, dlrover-run's agent derives from them), or the copy of torch's elastic
+package that nvidia-resiliency-ext's ft_launcher runs (``Elastic.nvrx``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import wrapt
@@ -23,14 +26,52 @@ import wrapt
 VERIFIED_TORCH = ">=2.11,<2.16"
 
 
+#: nvidia-resiliency-ext's copy of torch's elastic package, verified with its release 0.4.1
+NVRX_ELASTIC = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat"
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """The classes of one elastic package an agent runs on."""
+
+    api: object  # the module of WorkerState and SimpleElasticAgent (which has _restart_workers)
+    local_agent: type  # the agent class that defines _monitor_workers
+    subprocess_handler: type
+    child_failed: type  # what the launch raises when the job failed
+
+    @classmethod
+    def torch(cls) -> "Elastic":
+        from torch.distributed.elastic.agent.server import api
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            subprocess_handler)
+
+        return cls(api, LocalElasticAgent, subprocess_handler.SubprocessHandler,
+                   ChildFailedError)
+
+    @classmethod
+    def nvrx(cls) -> "Elastic":
+        """ft_launcher's: its agent (``fault_tolerance.launcher.LocalElasticAgent``) derives from
+        the copy's SimpleElasticAgent and starts ranks with the copy's SubprocessHandler."""
+        import importlib
+
+        from nvidia_resiliency_ext.fault_tolerance.launcher import LocalElasticAgent
+
+        api = importlib.import_module(f"{NVRX_ELASTIC}.agent.server.api")
+        errors = importlib.import_module(f"{NVRX_ELASTIC}.multiprocessing.errors")
+        handler = importlib.import_module(
+            f"{NVRX_ELASTIC}.multiprocessing.subprocess_handler.subprocess_handler")
+        return cls(api, LocalElasticAgent, handler.SubprocessHandler, errors.ChildFailedError)
+
+
 @contextmanager
-def driven(on_restart: Callable[[Dict[int, object], int, int], None]):
+def driven(on_restart: Callable[[Dict[int, object], int, int], None],
+           elastic: Optional[Elastic] = None):
     """While the context is open, ``on_restart(failures, restart, max_restarts)`` runs before a
     restart that follows failed ranks (not one for a node joining)."""
-    from torch.distributed.elastic.agent.server import api
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
-        subprocess_handler)
+    elastic = elastic or Elastic.torch()
+    api = elastic.api
 
     last: Dict[str, Optional[object]] = {"result": None}
 
@@ -58,9 +99,9 @@ def driven(on_restart: Callable[[Dict[int, object], int, int], None]):
         return result
 
     # where each method is defined (LocalElasticAgent overrides _monitor_workers only)
-    targets = [(LocalElasticAgent, "_monitor_workers", monitor),
+    targets = [(elastic.local_agent, "_monitor_workers", monitor),
                (api.SimpleElasticAgent, "_restart_workers", restart),
-               (subprocess_handler.SubprocessHandler, "close", close)]
+               (elastic.subprocess_handler, "close", close)]
     saved = []
     for owner, name, impl in targets:
         original = owner.__dict__[name]

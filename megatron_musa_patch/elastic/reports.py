@@ -47,8 +47,8 @@ class RankReport:
                 return frames
         return []
 
-    def main_stack_text(self) -> str:
-        return f"mmp run: rank {self.rank}'s main thread when its hang watchdog fired " \
+    def main_stack_text(self, launcher: str = "mmp run") -> str:
+        return f"{launcher}: rank {self.rank}'s main thread when its hang watchdog fired " \
                f"(innermost first):\n" + "\n".join(f"  {frame}" for frame in self.main_stack())
 
     def in_collective(self) -> bool:

@@ -44,6 +44,11 @@ def command(route, lm_path, nproc, args):
         return [mmp_executable(), "run", *torchrun, script, *args]
     if route == "pth":
         return [sys.executable, "-m", "torch.distributed.run", *torchrun, script, *args]
+    if route == "dlrover":  # dlrover-run, its agent given mmp run's side by the env hook
+        return [sys.executable, "-m", "dlrover.trainer.torch.main", *torchrun, script, *args]
+    if route == "ft":  # nvidia-resiliency-ext's ft_launcher, the same way
+        launcher = shutil.which("ft_launcher", path=os.path.dirname(sys.executable))
+        return [launcher or "ft_launcher", *torchrun, script, *args]
     if route == "import":
         return [sys.executable, "-m", "torch.distributed.run", *torchrun,
                 str(FIXTURES / "import_route.py"), script, *args]

@@ -1,5 +1,6 @@
 """A frozen, hung or killed rank in the stock pretrain_gpt.py on 2 CPU ranks under
-`mmp run --max-restarts N`: the job detects it, says which rank stopped and where, restarts the
+`mmp run --max-restarts N` (and plain torchrun, dlrover-run and ft_launcher through the env hook,
+where they install): the job detects it, says which rank stopped and where, restarts the
 group from the latest checkpoint and finishes by itself, bit for bit as the uninterrupted run
 (tests/fixtures/plugins/reliability_probe.py prints every step's exact loss and parameter hash,
 and holds the chosen rank at the chosen point). Needs MEGATRON_LM_PATH.
@@ -28,17 +29,18 @@ BOUND_S = 120
 
 
 def run_faulty(lm_path, args, pause, *, send=None, route="mmp", max_restarts=2, env=None,
-               timeout=600, on_pause=None):
+               timeout=600, on_pause=None, launcher_args=()):
     """Start the job with `pause` (where:rank:iteration); when the rank pauses, send it `send`
     (None: leave it hung in Python), after calling `on_pause()`. Returns (exit status, log,
     {line: seconds after the signal}, paused pid)."""
     full = [*TINY, "--train-iters", str(ITERS), "--mock-data", *LAYOUT, *args]
     cmd = command(route, lm_path, 2, full)
-    cmd.insert(cmd.index("--standalone"), f"--max-restarts={max_restarts}")
+    at = cmd.index("--standalone")
+    cmd[at:at] = [f"--max-restarts={max_restarts}", *launcher_args]
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
     run_env.update(OMP_NUM_THREADS="1", MEGATRON_LM_PATH=str(lm_path), RELIABILITY_PAUSE=pause,
                    **PROBE, **(env or {}))
-    if route == "pth":
+    if route in ("pth", "dlrover", "ft"):
         run_env["MEGATRON_MUSA_PATCH"] = "1"
     proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -246,3 +248,113 @@ def test_a_crash_during_an_async_save_loses_nothing(lm_path, tmp_path, continuou
     assert f"mmp run: rank 0 (local rank 0, pid {pid}) was killed by SIGKILL" in flat(log)
     assert named[0] in ("2", "4"), named
     assert_resumed_exactly(log, lines, continuous, ckpt, loaded=int(named[0]))
+
+
+def needs_dlrover():
+    """dlrover-run and what its standalone master imports (dlrover[k8s]: grpc, protobuf,
+    kubernetes); scripts/bootstrap.sh installs them."""
+    import importlib.util
+
+    missing = [m for m in ("dlrover", "grpc", "google.protobuf", "kubernetes")
+               if importlib.util.find_spec(m.split(".")[0]) is None or
+               importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"dlrover-run cannot run here: {', '.join(missing)} not installed "
+                    f"(pip install 'dlrover[k8s]' protobuf; scripts/bootstrap.sh installs them)")
+
+
+@pytest.mark.ci
+def test_dlrover_run_restarts_a_frozen_rank_through_the_env_hook(lm_path, tmp_path, continuous):
+    """MEGATRON_MUSA_PATCH=1 dlrover-run --standalone --max-restarts 2: the workers activate the
+    layer, the agent gets mmp run's side (the stop signal reaches a frozen rank at once, the
+    ranks' watchdog reports are said before the restart; launch.supervise) and dlrover
+    0.6.1 starts at all on torch >= 2.4 (its SubprocessHandler call). Frozen as in the mmp run
+    test, default --hang-timeout."""
+    needs_dlrover()
+    ckpt = tmp_path / "ckpt"
+    args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2"]
+    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
+                                         send=signal.SIGSTOP, route="dlrover")
+    assert status == 0, log[-4000:]
+    message = flat(log)
+    assert (f"mmp (dlrover-run): rank 1 (pid {pid}) stopped in the training step of iteration "
+            f"{FAULT_AT} and did not answer its hang watchdog: it was frozen") in message, \
+        log[-4000:]
+    assert f"dlrover-run restarts the group (restart 1 of 2). The latest complete checkpoint in " \
+           f"{ckpt} is iteration 4" in message
+    assert "Unable to shutdown process" not in log  # SIGCONT: no 30 s wait for the SIGKILL
+    assert message.count("restarts the group") == 1
+    seconds = assert_resumed_exactly(log, lines, continuous, ckpt)
+    assert seconds <= BOUND_S, f"{seconds:.0f} s from the freeze to the resumed first step"
+
+
+def test_dlrover_run_stops_after_max_restarts_with_one_paragraph(lm_path, tmp_path):
+    needs_dlrover()
+    ckpt = tmp_path / "ckpt"
+    args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
+            "--hang-timeout", "5"]
+    status, log, _, _ = run_faulty(lm_path, args, f"step:1:{FAULT_AT}", max_restarts=1,
+                                   route="dlrover",
+                                   env={"RELIABILITY_PAUSE_EVERY_ATTEMPT": "1"})
+    assert status != 0, log[-4000:]
+    message = flat(log)
+    assert "(restart 1 of 1)" in message and "(restart 2 of" not in message
+    final = message[message.rindex("mmp (dlrover-run): "):]
+    assert re.match(rf"mmp \(dlrover-run\): rank 1 \(pid \d+\) made no progress for 5 s in the "
+                    rf"training step of iteration {FAULT_AT}", final), final
+    assert (f"No restart was left (--max-restarts 1). The latest complete checkpoint in {ckpt} "
+            f"is iteration 4") in final, final
+
+
+#: the sections megatron/training/ft_integration.py opens, with the timeouts its docstring gives
+FT_SECTIONS = ["--ft-rank-section-timeouts=setup:600,step:180,checkpointing:420",
+               "--ft-rank-out-of-section-timeout=300"]
+
+
+def needs_ft_launcher(lm_path):
+    """ft_launcher and a megatron-core whose --enable-ft-package it serves. nvidia-resiliency-ext
+    0.4.1 is the newest that installs before glibc 2.39 and serves megatron-core 0.16 (with the
+    layer's upstream_fixes.ft_warmup_iters); 0.17+ need >= 0.6 (glibc 2.39 wheels)."""
+    import importlib.metadata
+    import importlib.util
+
+    from packaging.version import Version
+
+    core = Version(importlib.metadata.version("megatron-core"))
+    glibc = os.confstr("CS_GNU_LIBC_VERSION") or "an unknown C library"
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        wanted = "0.4.1" if core < Version("0.17") else ">= 0.6.0, whose wheels need glibc 2.39"
+        pytest.skip(f"ft_launcher cannot run here: nvidia-resiliency-ext is not installed "
+                    f"(megatron-core {core} needs {wanted}; this machine has {glibc}; "
+                    f"scripts/bootstrap.sh installs 0.4.1 beside megatron-core 0.16)")
+    nvrx = Version(importlib.metadata.version("nvidia-resiliency-ext"))
+    if core >= Version("0.17") and nvrx < Version("0.6"):
+        pytest.skip(f"ft_launcher cannot serve megatron-core {core}: it needs "
+                    f"nvidia-resiliency-ext >= 0.6.0, {nvrx} is installed ({glibc})")
+
+
+@pytest.mark.ci
+def test_ft_launcher_restarts_a_frozen_rank_with_the_ft_package(lm_path, tmp_path, continuous):
+    """MEGATRON_MUSA_PATCH=1 ft_launcher ... pretrain_gpt.py --enable-ft-package: the workers
+    activate the layer (Megatron's ft_integration starts with nvidia-resiliency-ext 0.4.1
+    through upstream_fixes.ft_warmup_iters), the agent, nvidia-resiliency-ext's copy of torch's,
+    gets mmp run's side. Frozen as in the mmp run test; the layer's watchdog (60 s) detects it
+    before the package's step section (180 s) does."""
+    needs_ft_launcher(lm_path)
+    ckpt = tmp_path / "ckpt"
+    args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
+            "--enable-ft-package"]
+    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
+                                         send=signal.SIGSTOP, route="ft",
+                                         launcher_args=FT_SECTIONS)
+    assert status == 0, log[-4000:]
+    assert "FT: initialized." in log  # the package's client runs in the ranks
+    message = flat(log)
+    assert (f"mmp (ft_launcher): rank 1 (pid {pid}) stopped in the training step of iteration "
+            f"{FAULT_AT} and did not answer its hang watchdog: it was frozen") in message, \
+        log[-4000:]
+    assert f"ft_launcher restarts the group (restart 1 of 2). The latest complete checkpoint " \
+           f"in {ckpt} is iteration 4" in message
+    assert message.count("restarts the group") == 1
+    seconds = assert_resumed_exactly(log, lines, continuous, ckpt)
+    assert seconds <= BOUND_S, f"{seconds:.0f} s from the freeze to the resumed first step"

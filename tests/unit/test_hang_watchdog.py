@@ -162,7 +162,7 @@ def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
     import inspect
 
     extra = {"numa_options": None} if "numa_options" in inspect.signature(
-        subprocess_handler.SubprocessHandler).parameters else {}  # torch >= 2.13
+        subprocess_handler.SubprocessHandler).parameters else {}  # newer torch requires it
     handler = subprocess_handler.SubprocessHandler(
         entrypoint=sys.executable, args=("-c", "import time; time.sleep(60)"),
         env=dict(os.environ), stdout=None, stderr=None, local_rank_id=0, **extra)
