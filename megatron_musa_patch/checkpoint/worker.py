@@ -136,6 +136,7 @@ def dump(plan: dict, model) -> None:
     import torch
 
     from . import families
+    from .errors import ConversionError
     from .hf import HFWriter
     from .progress import bar
 
@@ -152,16 +153,32 @@ def dump(plan: dict, model) -> None:
             return tensor.detach().to(torch.float32)
         return tensor.detach().to(getattr(torch, plan["dtype"]))
 
-    writer = HFWriter(plan["hf_out"], max_shard_bytes=int(plan["max_shard_bytes"]))
+    used = set()
+
     def shape_only(name):
         name = resolve(name, state)
+        used.add(name)
         tensor = state[name]
         if name in (families.EMBEDDING, families.OUTPUT):
             tensor = tensor[:rows]
         return torch.empty(tensor.shape, device="meta")
 
-    try:  # the count, from the same mapping over shapes alone (tensors on the meta device)
-        expected = sum(1 for _ in families.to_hf(config, shape_only))
+    # the count, and what the mapping asks for, from the mapping over shapes alone (tensors on
+    # the meta device), before anything is written
+    expected = sum(1 for _ in families.to_hf(config, shape_only))
+    left = unexported(state, used)
+    if left:
+        raise ConversionError(
+            f"mmp checkpoint export-hf: the checkpoint's model holds {len(left)} tensor(s) the "
+            f"{config.get('architectures', ['?'])[0]} mapping has no Hugging Face name for: "
+            f"{', '.join(left[:5])}{' ...' if len(left) > 5 else ''}. Exported without them, "
+            f"the Hugging Face model would not compute what the Megatron one does. They come "
+            f"from flags the checkpoint was trained with that this Hugging Face architecture "
+            f"has no weights for (the args stored in the checkpoint name them, e.g. "
+            f"--qk-layernorm on a family without query/key norms): train without them, or "
+            f"export to a family that has them. Nothing was written.")
+    writer = HFWriter(plan["hf_out"], max_shard_bytes=int(plan["max_shard_bytes"]))
+    try:
         handed = set()
         with bar(total=expected, desc="export-hf", unit="tensor") as progress:
             for name, tensor in families.to_hf(config, get):
@@ -194,6 +211,13 @@ def _without_crc32() -> None:
 
     if hasattr(torch.serialization, "set_crc32_options"):
         torch.serialization.set_crc32_options(False)
+
+
+def unexported(state: dict, used: set) -> list:
+    """The model's tensors the export mapping did not ask for (a tensor it does not know would
+    otherwise be dropped without a word); the output layer of a model that ties it to the
+    embedding is none of them (it is not in the state)."""
+    return sorted(name for name in state if name not in used)
 
 
 def _own_storage(tensor, handed: set):

@@ -268,11 +268,12 @@ def test_dlrover_run_restarts_a_frozen_rank_through_the_env_hook(lm_path, tmp_pa
     """MEGATRON_MUSA_PATCH=1 dlrover-run --standalone --max-restarts 2: the workers activate the
     layer, the agent gets mmp run's side (the stop signal reaches a frozen rank at once, the
     ranks' watchdog reports are said before the restart; launch.supervise) and dlrover
-    0.6.1 starts at all on torch >= 2.4 (its SubprocessHandler call). Frozen as in the mmp run
-    test, default --hang-timeout."""
+    0.6.1 starts at all on torch >= 2.11 (its SubprocessHandler call). Frozen as in the mmp run
+    test, with --hang-timeout 20 (the default's bound is that test's)."""
     needs_dlrover()
     ckpt = tmp_path / "ckpt"
-    args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2"]
+    args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
+            "--hang-timeout", "20"]
     status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
                                          send=signal.SIGSTOP, route="dlrover")
     assert status == 0, log[-4000:]
@@ -338,12 +339,12 @@ def test_ft_launcher_restarts_a_frozen_rank_with_the_ft_package(lm_path, tmp_pat
     """MEGATRON_MUSA_PATCH=1 ft_launcher ... pretrain_gpt.py --enable-ft-package: the workers
     activate the layer (Megatron's ft_integration starts with nvidia-resiliency-ext 0.4.1
     through upstream_fixes.ft_warmup_iters), the agent, nvidia-resiliency-ext's copy of torch's,
-    gets mmp run's side. Frozen as in the mmp run test; the layer's watchdog (60 s) detects it
-    before the package's step section (180 s) does."""
+    gets mmp run's side. Frozen as in the mmp run test; the layer's watchdog (--hang-timeout 20
+    here, 60 s by default) detects it before the package's step section (180 s) does."""
     needs_ft_launcher(lm_path)
     ckpt = tmp_path / "ckpt"
     args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
-            "--enable-ft-package"]
+            "--enable-ft-package", "--hang-timeout", "20"]
     status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
                                          send=signal.SIGSTOP, route="ft",
                                          launcher_args=FT_SECTIONS)
