@@ -263,30 +263,46 @@ def needs_dlrover():
                     f"(pip install 'dlrover[k8s]' protobuf; scripts/bootstrap.sh installs them)")
 
 
-@pytest.mark.ci
-def test_dlrover_run_restarts_a_frozen_rank_through_the_env_hook(lm_path, tmp_path, continuous):
+#: a killed rank in CI (the agent restarts at once); a frozen one (the watchdog's wait, the stop
+#: signal through SIGCONT) in the whole stock suite
+FAULTS = [pytest.param(signal.SIGKILL, marks=pytest.mark.ci, id="killed"),
+          pytest.param(signal.SIGSTOP, id="frozen")]
+
+
+def assert_engine_report(log, engine, pid, send, ckpt):
+    """The report of the launcher's agent (mmp run's side, given through the env hook)."""
+    message = flat(log)
+    if send == signal.SIGSTOP:
+        assert (f"mmp ({engine}): rank 1 (pid {pid}) stopped in the training step of iteration "
+                f"{FAULT_AT} and did not answer its hang watchdog: it was frozen") in message, \
+            log[-4000:]
+        assert "Unable to shutdown process" not in log  # SIGCONT: no 30 s wait for the SIGKILL
+    else:
+        assert f"mmp ({engine}): rank 1 (local rank 1, pid {pid}) was killed by SIGKILL" \
+            in message, log[-4000:]
+    assert f"{engine} restarts the group (restart 1 of 2). The latest complete checkpoint in " \
+           f"{ckpt} is iteration 4" in message
+    assert message.count("restarts the group") == 1
+
+
+@pytest.mark.parametrize("send", FAULTS)
+def test_dlrover_run_restarts_the_group_through_the_env_hook(lm_path, tmp_path, continuous,
+                                                             send):
     """MEGATRON_MUSA_PATCH=1 dlrover-run --standalone --max-restarts 2: the workers activate the
-    layer, the agent gets mmp run's side (the stop signal reaches a frozen rank at once, the
-    ranks' watchdog reports are said before the restart; launch.supervise) and dlrover
-    0.6.1 starts at all on torch >= 2.11 (its SubprocessHandler call). Frozen as in the mmp run
-    test, with --hang-timeout 20 (the default's bound is that test's)."""
+    layer, the agent gets mmp run's side (launch.supervise: the reports, the stop signal reaching
+    a frozen rank at once) and dlrover 0.6.1 starts at all on torch >= 2.11 (its
+    SubprocessHandler call). Frozen with --hang-timeout 20 (the default's bound is the mmp run
+    test's)."""
     needs_dlrover()
     ckpt = tmp_path / "ckpt"
     args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
             "--hang-timeout", "20"]
-    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
-                                         send=signal.SIGSTOP, route="dlrover")
+    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}", send=send,
+                                         route="dlrover")
     assert status == 0, log[-4000:]
-    message = flat(log)
-    assert (f"mmp (dlrover-run): rank 1 (pid {pid}) stopped in the training step of iteration "
-            f"{FAULT_AT} and did not answer its hang watchdog: it was frozen") in message, \
-        log[-4000:]
-    assert f"dlrover-run restarts the group (restart 1 of 2). The latest complete checkpoint in " \
-           f"{ckpt} is iteration 4" in message
-    assert "Unable to shutdown process" not in log  # SIGCONT: no 30 s wait for the SIGKILL
-    assert message.count("restarts the group") == 1
+    assert_engine_report(log, "dlrover-run", pid, send, ckpt)
     seconds = assert_resumed_exactly(log, lines, continuous, ckpt)
-    assert seconds <= BOUND_S, f"{seconds:.0f} s from the freeze to the resumed first step"
+    assert seconds <= BOUND_S, f"{seconds:.0f} s from the fault to the resumed first step"
 
 
 def test_dlrover_run_stops_after_max_restarts_with_one_paragraph(lm_path, tmp_path):
@@ -334,28 +350,21 @@ def needs_ft_launcher(lm_path):
                     f"nvidia-resiliency-ext >= 0.6.0, {nvrx} is installed ({glibc})")
 
 
-@pytest.mark.ci
-def test_ft_launcher_restarts_a_frozen_rank_with_the_ft_package(lm_path, tmp_path, continuous):
+@pytest.mark.parametrize("send", FAULTS)
+def test_ft_launcher_restarts_the_group_with_the_ft_package(lm_path, tmp_path, continuous, send):
     """MEGATRON_MUSA_PATCH=1 ft_launcher ... pretrain_gpt.py --enable-ft-package: the workers
     activate the layer (Megatron's ft_integration starts with nvidia-resiliency-ext 0.4.1
     through upstream_fixes.ft_warmup_iters), the agent, nvidia-resiliency-ext's copy of torch's,
-    gets mmp run's side. Frozen as in the mmp run test; the layer's watchdog (--hang-timeout 20
-    here, 60 s by default) detects it before the package's step section (180 s) does."""
+    gets mmp run's side. A frozen rank: the layer's watchdog (--hang-timeout 20 here, 60 s by
+    default) detects it before the package's step section (180 s) does."""
     needs_ft_launcher(lm_path)
     ckpt = tmp_path / "ckpt"
     args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
             "--enable-ft-package", "--hang-timeout", "20"]
-    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
-                                         send=signal.SIGSTOP, route="ft",
-                                         launcher_args=FT_SECTIONS)
+    status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}", send=send,
+                                         route="ft", launcher_args=FT_SECTIONS)
     assert status == 0, log[-4000:]
     assert "FT: initialized." in log  # the package's client runs in the ranks
-    message = flat(log)
-    assert (f"mmp (ft_launcher): rank 1 (pid {pid}) stopped in the training step of iteration "
-            f"{FAULT_AT} and did not answer its hang watchdog: it was frozen") in message, \
-        log[-4000:]
-    assert f"ft_launcher restarts the group (restart 1 of 2). The latest complete checkpoint " \
-           f"in {ckpt} is iteration 4" in message
-    assert message.count("restarts the group") == 1
+    assert_engine_report(log, "ft_launcher", pid, send, ckpt)
     seconds = assert_resumed_exactly(log, lines, continuous, ckpt)
-    assert seconds <= BOUND_S, f"{seconds:.0f} s from the freeze to the resumed first step"
+    assert seconds <= BOUND_S, f"{seconds:.0f} s from the fault to the resumed first step"
