@@ -328,7 +328,7 @@ FT_SECTIONS = ["--ft-rank-section-timeouts=setup:600,step:180,checkpointing:420"
                "--ft-rank-out-of-section-timeout=300"]
 
 
-def needs_ft_launcher(lm_path):
+def needs_ft_launcher():
     """ft_launcher and a megatron-core whose --enable-ft-package it serves. nvidia-resiliency-ext
     0.4.1 is the newest that installs before glibc 2.39 and serves megatron-core 0.16 (with the
     layer's upstream_fixes.ft_warmup_iters); 0.17+ need >= 0.6 (glibc 2.39 wheels)."""
@@ -357,7 +357,7 @@ def test_ft_launcher_restarts_the_group_with_the_ft_package(lm_path, tmp_path, c
     through upstream_fixes.ft_warmup_iters), the agent, nvidia-resiliency-ext's copy of torch's,
     gets mmp run's side. A frozen rank: the layer's watchdog (--hang-timeout 20 here, 60 s by
     default) detects it before the package's step section (180 s) does."""
-    needs_ft_launcher(lm_path)
+    needs_ft_launcher()
     ckpt = tmp_path / "ckpt"
     args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
             "--enable-ft-package", "--hang-timeout", "20"]
