@@ -144,11 +144,16 @@ def dump(plan: dict, model) -> None:
     state = {k: v for k, v in model[0].state_dict().items() if isinstance(v, torch.Tensor)}
     rows = int(config["vocab_size"])
 
-    def get(name):
+    def held(name):
+        """(this release's name, the model's tensor without Megatron's vocabulary padding)"""
         name = resolve(name, state)
         tensor = state[name]
         if name in (families.EMBEDDING, families.OUTPUT):
             tensor = tensor[:rows]
+        return name, tensor
+
+    def get(name):
+        name, tensor = held(name)
         if name.endswith("router.expert_bias"):  # kept in float32 on both sides
             return tensor.detach().to(torch.float32)
         return tensor.detach().to(getattr(torch, plan["dtype"]))
@@ -156,11 +161,8 @@ def dump(plan: dict, model) -> None:
     used = set()
 
     def shape_only(name):
-        name = resolve(name, state)
+        name, tensor = held(name)
         used.add(name)
-        tensor = state[name]
-        if name in (families.EMBEDDING, families.OUTPUT):
-            tensor = tensor[:rows]
         return torch.empty(tensor.shape, device="meta")
 
     # the count, and what the mapping asks for, from the mapping over shapes alone (tensors on
