@@ -60,15 +60,12 @@ def pth_hook() -> None:
     for names, launcher in ((DLROVER_RUN, "dlrover-run"), (FT_LAUNCHER, "ft_launcher")):
         if _started_as(names):
             with _not_activating():
-                from megatron_musa_patch.launch import supervise
+                from megatron_musa_patch.cli.launch import supervise
             supervise(launcher)
             return
-    if os.environ.get(AUTOACTIVATE_ENV) == "0":
-        import megatron_musa_patch
+    import megatron_musa_patch  # activates, unless MEGATRON_MUSA_PATCH_AUTOACTIVATE is off
 
-        megatron_musa_patch._activate_on_import()
-    else:
-        import megatron_musa_patch  # noqa: F401 - importing activates
+    megatron_musa_patch._activate_on_import()  # a no-op where the import activated
 
 
 class _not_activating:
@@ -88,5 +85,5 @@ class _not_activating:
 
 def cli() -> None:
     with _not_activating():
-        from megatron_musa_patch.cli import main
+        from megatron_musa_patch.cli.main import main
     sys.exit(main())

@@ -47,7 +47,7 @@ def kernel_build():
     Default installs stay pure Python and never import torch here. With the variable set, torch
     must be importable in the build environment (pip install --no-build-isolation) and a CUDA
     (nvcc) or MUSA (torch_musa + mcc) toolchain present; otherwise the build is skipped with a
-    message and the kernels are built on first use instead (megatron_musa_patch/ops/kernels/)."""
+    message and the kernels are built on first use instead (megatron_musa_patch/lib/ops/kernels/)."""
     if os.environ.get("MMP_BUILD_KERNELS", "") != "1":
         return [], {}
 
@@ -62,7 +62,7 @@ def kernel_build():
     import importlib
 
     # the file lists and flags live in ops/kernels/sources.py (importing the package activates it)
-    flags = _load_by_path("megatron_musa_patch", "ops", "kernels", "sources.py")
+    flags = _load_by_path("megatron_musa_patch", "lib", "ops", "kernels", "sources.py")
     csrc = os.path.join(HERE, "csrc")
     kernels = [os.path.join("csrc", name) for name in flags.KERNEL_SOURCES]
     binding = os.path.join("csrc", flags.BINDING_SOURCE)
@@ -109,7 +109,7 @@ def read(name):
 
 setup(
     name="megatron-musa-patch",
-    version=_load_by_path("megatron_musa_patch", "version.py").__version__,
+    version=_load_by_path("megatron_musa_patch", "core", "version.py").__version__,
     description="Patch layer that runs stock Megatron-LM / megatron-core on MUSA, CPU and CUDA",
     long_description=read("README.md"),
     long_description_content_type="text/markdown",

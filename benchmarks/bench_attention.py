@@ -157,7 +157,7 @@ def attention_cases(opts, seq, dtype):
 
 
 def bench_attention(opts):
-    from megatron_musa_patch.ops.attention import sdpa_preferred
+    from megatron_musa_patch.lib.ops.attention import sdpa_preferred
 
     print("\n== core attention, forward + backward (local DotProductAttention) ==")
     what = "saved for backward" if device_type() == "cpu" else "peak allocated"
@@ -178,7 +178,7 @@ GMM_SHAPES = [(1024, 256, 512, 4), (2048, 512, 1024, 8), (4096, 1024, 1408, 8)]
 
 
 def bench_gmm(opts):
-    from megatron_musa_patch.ops import grouped_gemm as gg
+    from megatron_musa_patch.lib.ops import grouped_gemm as gg
 
     print("\n== grouped GEMM, forward + backward: torch grouped_mm vs one matmul per expert ==")
     print(f"{'dtype':5} {'tokens x k x n, experts':>26}  {'loop ms':>8} {'grouped_mm ms':>13} "
@@ -215,7 +215,7 @@ PERMUTE_SHAPES = [(4096, 1024, 8, 2), (8192, 2048, 16, 4)]
 def bench_permute(opts):
     from megatron.core.transformer.moe import moe_utils
 
-    from megatron_musa_patch.ops import moe_permute as mp
+    from megatron_musa_patch.lib.ops import moe_permute as mp
 
     print("\n== MoE permute + unpermute with probs, forward + backward ==")
     print(f"{'dtype':5} {'tokens x hidden, experts/topk':>30}  {'upstream ms':>11} "

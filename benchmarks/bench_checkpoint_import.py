@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     if not os.environ.get("MEGATRON_LM_PATH"):
         parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
     root = Path(tempfile.mkdtemp(prefix="mmp-bench-ckpt-", dir=opts.workdir))
-    mmp = [sys.executable, "-m", "megatron_musa_patch.cli"]
+    mmp = [sys.executable, "-m", "megatron_musa_patch.cli.main"]
     try:
         sizes = [opts.layers] + ([opts.slope_layers] if opts.slope_layers else [])
         models, nbytes = {}, {}

@@ -50,7 +50,7 @@ os.environ.setdefault("MEGATRON_MUSA_PATCH_AUTOACTIVATE", "0")
 
 from megatron_musa_patch.data import reference  # noqa: E402
 
-MMP = ("import sys; from megatron_musa_patch.cli import main; "
+MMP = ("import sys; from megatron_musa_patch.cli.main import main; "
        "sys.exit(main(['data', 'prepare'] + sys.argv[1:]))")
 
 
@@ -129,7 +129,7 @@ def train_tokenizer(corpus: str, out: str, vocab: int) -> None:
             if i >= 10000:
                 break
             fout.write(line)
-    cmd = [sys.executable, "-c", "import sys; from megatron_musa_patch.cli import main; "
+    cmd = [sys.executable, "-c", "import sys; from megatron_musa_patch.cli.main import main; "
            "sys.exit(main(['data', 'train-tokenizer'] + sys.argv[1:]))",
            "--input", sample, "--output-dir", out, "--vocab-size", str(vocab), "--force"]
     subprocess.run(cmd, check=True, env=env())
@@ -277,7 +277,7 @@ def quickstart_tokenizer(work: str) -> str:
         subprocess.run([sys.executable, os.path.join(REPO, "examples", "quickstart",
                                                      "make_corpus.py"), corpus],
                        check=True, env=env(), stdout=subprocess.DEVNULL)
-        cmd = [sys.executable, "-c", "import sys; from megatron_musa_patch.cli import main; "
+        cmd = [sys.executable, "-c", "import sys; from megatron_musa_patch.cli.main import main; "
                "sys.exit(main(['data', 'train-tokenizer'] + sys.argv[1:]))",
                "--input", corpus, "--output-dir", out, "--vocab-size", "4096", "--force"]
         subprocess.run(cmd, check=True, env=env(), stderr=subprocess.DEVNULL)

@@ -28,8 +28,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from machine import describe  # noqa: E402
-from megatron_musa_patch.device import builtin_select  # noqa: E402
-from megatron_musa_patch.ops import kernels  # noqa: E402
+from megatron_musa_patch.device.select import builtin_select  # noqa: E402
+from megatron_musa_patch.lib.ops import kernels  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -45,8 +45,8 @@ import torch  # noqa: E402
 from machine import describe  # noqa: E402
 
 from megatron_musa_patch import active_session as current  # noqa: E402
-from megatron_musa_patch.offload.counting import placement  # noqa: E402
-from megatron_musa_patch.offload.precision_adam import PrecisionAwareAdamW  # noqa: E402
+from megatron_musa_patch.lib.offload.counting import placement  # noqa: E402
+from megatron_musa_patch.lib.offload.precision_adam import PrecisionAwareAdamW  # noqa: E402
 
 HYPER = dict(lr=1e-4, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-8)
 ADAMW_BYTES = 28  # fp32: read p, g, m, v; write p, m, v (in place)

@@ -1,4 +1,4 @@
-"""The fused ops (megatron_musa_patch.ops) against torch eager and torch.compile, side by side.
+"""The fused ops (megatron_musa_patch.lib.ops) against torch eager and torch.compile, side by side.
 
 For each op -- RMSNorm, LayerNorm, SwiGLU, RoPE, scaled causal softmax, gradient-accumulation
 GEMM -- and dtype, on one device in one run: forward and forward+backward time of
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from machine import describe  # noqa: E402
 
-from megatron_musa_patch.ops import grad_accum, norm, rope, softmax, swiglu  # noqa: E402
+from megatron_musa_patch.lib.ops import grad_accum, norm, rope, softmax, swiglu  # noqa: E402
 
 IMPLS = ("ours", "eager", "compile")
 NOISE = 0.05  # ratios within this of 1.0 are ties: the same code timed twice differs this much
@@ -216,7 +216,7 @@ def run_ops(opts):
           f"norm {norm.rms_norm_impl(device)}/{norm.layer_norm_impl(device)}, swiglu "
           f"{swiglu.swiglu_impl(device)}, rope {rope.rope_impl(device)}, softmax "
           f"{softmax.softmax_impl(device)} (small ones on the CPU: below "
-          f"megatron_musa_patch.ops.dispatch.CPU_MIN_NUMEL, unfused)")
+          f"megatron_musa_patch.lib.ops.dispatch.CPU_MIN_NUMEL, unfused)")
     header = f"{'tokens':>7} {'op':<15}{'dtype':<10}{'pass':<9}" + "".join(
         f"{impl + ' ms':>12}{impl + ' GB/s':>13}" for impl in IMPLS) + f"{'eager/ours':>12}"
     print(header)

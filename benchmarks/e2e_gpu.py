@@ -226,7 +226,7 @@ def report(results, opts):
 def prebuild_kernels(opts):
     """Starts the csrc/ build (first use; minutes with nvcc) beside the upstream runs, which do
     not need it, so the layer's runs find it cached."""
-    code = ("import sys; sys.path.insert(0, %r); from megatron_musa_patch.ops import kernels; "
+    code = ("import sys; sys.path.insert(0, %r); from megatron_musa_patch.lib.ops import kernels; "
             "kernels.available('rms_norm_fwd', %r); print(kernels.status(%r), flush=True)"
             % (str(ROOT), opts.device, opts.device))
     env = dict(os.environ, MEGATRON_MUSA_PATCH_AUTOACTIVATE="0",

@@ -10,28 +10,28 @@ import os as _os
 import sys as _sys
 
 from .activation import activate, active_session, deactivate, is_active  # noqa: F401
-from .errors import MegatronMusaPatchError  # noqa: F401
-from .version import __version__  # noqa: F401
+from .core.errors import MegatronMusaPatchError  # noqa: F401
+from .core.settings import autoactivate as _autoactivate
+from .core.version import __version__  # noqa: F401
 
 __all__ = ["activate", "active_session", "deactivate", "is_active", "report",
            "MegatronMusaPatchError", "__version__"]
-
-AUTOACTIVATE_ENV = "MEGATRON_MUSA_PATCH_AUTOACTIVATE"
-
 
 def report():
     """The patch results of this process (list of PatchResult)."""
     return active_session().registry.results()
 
 
-def _activate_on_import():
+def _activate_on_import(unless_switched_off: bool = False):
+    """``unless_switched_off``: the plain import, which MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 stops
+    (the start-up hook activates regardless)."""
     try:
-        activate()
+        if not unless_switched_off or _autoactivate():
+            activate()
     except MegatronMusaPatchError as exc:
         # A user error at import time: one paragraph and a non-zero exit, not a traceback.
         print(exc.render(), file=_sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from None
 
 
-if _os.environ.get(AUTOACTIVATE_ENV, "1") != "0":
-    _activate_on_import()
+_activate_on_import(unless_switched_off=True)

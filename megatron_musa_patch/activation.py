@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import settings as settings_module, torchada_import
-from .errors import ActivationOrderError, DeviceSelectionError, MegatronMusaPatchError
-from .session import Session
+from .core import settings as settings_module
+from .device import torchada_import
+from .core.errors import (ActivationOrderError, DeviceSelectionError,
+                                             MegatronMusaPatchError)
+from .core.session import Session
 from .upstream import check as release_check, installed, tables
 
 logger = logging.getLogger("megatron_musa_patch")
@@ -70,12 +72,14 @@ def activate(settings: Optional[settings_module.Settings] = None,
 
     unverified_torch = release_check.check_torch(settings.allow_unverified)
 
-    from . import plugins
-    from .device import adapter, mapping
-    from .ops import dispatch
-    from .registry import Registry
+    from .core import plugins
+    from .device import adapter
+    from .device.select import BuiltinDeviceChoice, mapping
+    from .features import BUILTIN
+    from .lib.ops import dispatch
+    from .core.registry import Registry
 
-    pm = plugins.make_manager(settings)
+    pm = plugins.make_manager(settings, BUILTIN, device_choice=BuiltinDeviceChoice())
     name = pm.hook.mmp_select_device(requested=settings.device, settings=settings)
     if name not in ("musa", "cpu", "cuda"):
         raise DeviceSelectionError(f"a plugin chose the unknown device {name!r}")
@@ -121,7 +125,7 @@ def deactivate() -> None:
     if _SESSION is not None:
         _SESSION.registry.unpatch()
         _SESSION = None
-        from .ops import dispatch
+        from .lib.ops import dispatch
 
         dispatch.configure(dispatch.Policy())
 

@@ -30,7 +30,7 @@ timeout 240 $PY - <<'PYEOF' 2>&1 | tee "$OUT/build.log"
 import sys, time
 import torch
 t0 = time.time()
-from megatron_musa_patch.ops import kernels
+from megatron_musa_patch.lib.ops import kernels
 dev = "cuda" if (torch.version.cuda and torch.cuda.is_available()) else "musa"
 ok = kernels.available("rms_norm_fwd", dev) and all(kernels.available(op, dev) for op in kernels.OPS)
 print(kernels.status(dev), f"({time.time() - t0:.0f}s)")

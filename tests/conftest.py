@@ -16,7 +16,7 @@ os.environ["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
 
 from megatron_musa_patch.upstream import installed, tables  # noqa: E402 - leaves
 from megatron_musa_patch.upstream.ranges import row_of  # noqa: E402
-from megatron_musa_patch.settings import ENV_NAMES, FOREIGN_ENV_NAMES  # noqa: E402
+from megatron_musa_patch.core.settings import ENV_NAMES, FOREIGN_ENV_NAMES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -145,7 +145,7 @@ def main(argv=None):
 
     from megatron_musa_patch import active_session
     from megatron_musa_patch.features.throughput import throughput_fields
-    from megatron_musa_patch.peak_flops import lookup, measure_matmul
+    from megatron_musa_patch.lib.metrics.peak_flops import lookup, measure_matmul
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.distributed.init_process_group(backend="nccl")  # the device's backend

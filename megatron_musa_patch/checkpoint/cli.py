@@ -131,7 +131,7 @@ def _check_built_alike(family, args) -> None:
     """A checkpoint whose network the installed megatron-core builds otherwise than the family's
     flags would (a family's ``check_built_alike``) is refused before anything is loaded."""
     if hasattr(family, "check_built_alike"):
-        from ..upstream import installed
+        from megatron_musa_patch.upstream import installed
 
         family.check_built_alike(args, installed.megatron_core_version())
 

@@ -278,7 +278,7 @@ def run() -> None:
     would bring the package, torch and megatron-core with it (seconds) for a helper that needs
     none of them (Megatron's checkpoint writer spawns one where ``_results_queue_by_fork``
     cannot put a forked one in its place)."""
-    from ..errors import MegatronMusaPatchError
+    from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
     try:
         sys.exit(main())

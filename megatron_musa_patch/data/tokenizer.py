@@ -107,8 +107,8 @@ def _release_default(value, fact: str) -> bool:
     """A flag left unset takes the installed release's default (``upstream.facts``)."""
     if value is not None:
         return bool(value)
-    from ..upstream import facts
-    from ..upstream.installed import megatron_core_version
+    from megatron_musa_patch.upstream import facts
+    from megatron_musa_patch.upstream.installed import megatron_core_version
 
     return facts.holds(fact, megatron_core_version())
 
@@ -183,7 +183,7 @@ def build(args):
     with warnings.catch_warnings():
         # megatron.core's package import warns about TE/Apex, irrelevant to tokenizing
         warnings.simplefilter("ignore")
-        from ..upstream.targets import load
+        from megatron_musa_patch.upstream.targets import load
 
         build_tokenizer = load("build_tokenizer")
     try:

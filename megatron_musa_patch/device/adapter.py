@@ -29,11 +29,11 @@ import dataclasses
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-from .. import conditions
-from ..errors import TorchMappingError
-from ..settings import PREFIX, TORCHADA_PLATFORM_ENV
-from ..torchada_import import EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now, would_map_musa
-from ..upstream import installed
+from megatron_musa_patch.upstream import conditions
+from megatron_musa_patch.core.errors import TorchMappingError
+from megatron_musa_patch.core.settings import PREFIX, TORCHADA_PLATFORM_ENV
+from .torchada_import import (EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now, would_map_musa)
+from megatron_musa_patch.upstream import installed
 from . import torchada_coverage
 
 #: reasons in the patch table start with these, so mmp doctor can count who maps what

@@ -7,7 +7,7 @@ the OptimizerConfig; megatron-core users set the same attributes there).
 
 * Offload: megatron-core's ``HybridDeviceOptimizer`` with its device decisions made by the
   device row, so the fraction F of the parameters is stepped on the host on MUSA, CPU and CUDA
-  (``megatron_musa_patch/offload/hybrid.py``); its streams and events are the device's.
+  (``megatron_musa_patch/lib/offload/hybrid.py``); its streams and events are the device's.
 * Precision-aware without offload and without TE: ``PrecisionAwareAdamW`` takes the place of
   TE's ``FusedAdam`` (``offload/precision_adam.py``); with offload it is the sub-optimizer class
   when the moments are to be stored in 16 bits.
@@ -23,19 +23,16 @@ import sys
 
 import torch
 
-from ..binding import call_arguments
-from ..conditions import te_installed
-from ..errors import ArgumentError
-from ..flag_needs import FlagNeed
-from ..hookspecs import hookimpl
-from ..offload import dtypes as dtype_rules
-from ..offload import hybrid
-from ..registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import te_installed
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.lib.offload import dtypes as dtype_rules
+from megatron_musa_patch.lib.offload import hybrid
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "cpu_offload"
-REQUIRED = False
-DESCRIPTION = ("optimizer CPU offload (HybridDeviceOptimizer) on every device; the "
-               "precision-aware optimizer without TransformerEngine")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -51,7 +48,9 @@ def te_missing() -> bool:
     return not te_installed()
 
 
-FLAG_NEEDS = (
+FEATURE = feature(__name__, "optimizer CPU offload (HybridDeviceOptimizer) on every device; the "
+               "precision-aware optimizer without TransformerEngine",
+                  flag_needs=(
     FlagNeed("--optimizer-cpu-offload", devices=frozenset({"musa", "cpu"}),
              because="upstream's HybridDeviceOptimizer tells device from host tensors by "
                      ".is_cuda, so off CUDA it offloads nothing and then fails"),
@@ -59,13 +58,14 @@ FLAG_NEEDS = (
              when=lambda args: getattr(args, "use_precision_aware_optimizer", False)
              and te_missing(),
              because="upstream's precision-aware Adam is TransformerEngine's FusedAdam"),
-)
+),
+                  after=("upstream_fixes.distopt_load_no_grad", "upstream_fixes.distopt_step_counters", "upstream_fixes.optimizer_lr_unset"))
 
 
 @hookimpl
 def mmp_register_patches(registry, device):
     def add(pid, target, kind, impl, why):
-        registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, why=why,
+        registry.add(Patch(f"{FEATURE.name}.{pid}", target, kind, impl, FEATURE.name, why=why,
             megatron=VERIFIED_MEGATRON))
 
     add("split", HYBRID + "_get_sub_optimizer_param_groups", "replace",
@@ -248,7 +248,7 @@ def _report(optimizer, config, row):
     """One line on global rank 0: what this rank steps on the host, counted from the optimizer."""
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return
-    from ..offload.counting import placement
+    from megatron_musa_patch.lib.offload.counting import placement
 
     placed = placement(optimizer)
     total = placed["host_params"] + placed["device_params"]
@@ -264,7 +264,7 @@ def _report(optimizer, config, row):
 
 def optimizer_classes(config, module):
     """Module globals of ``megatron.core.optimizer`` to present while it builds the optimizer."""
-    from ..offload.precision_adam import PrecisionAwareAdamW
+    from megatron_musa_patch.lib.offload.precision_adam import PrecisionAwareAdamW
 
     if config is None or not config.use_precision_aware_optimizer or config.optimizer != "adam":
         return {}

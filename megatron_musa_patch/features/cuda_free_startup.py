@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import contextlib
 
-from ..conditions import importable, missing
-from ..errors import UnsupportedOnDeviceError
-from ..hookspecs import hookimpl
-from ..registry import Patch, patches_at
-from ..triton_free import execute_without_triton
-from .device_swap import jit_mode
+from megatron_musa_patch.upstream.conditions import importable, missing
+from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.upstream.triton_free import execute_without_triton
+from .device import jit_mode
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "cuda_free_startup"
-REQUIRED = True
-DESCRIPTION = "Megatron-LM start-up without make, nvcc or triton where they are not needed"
+FEATURE = feature(__name__, "Megatron-LM start-up without make, nvcc or triton where they are not needed",
+                  required=True)
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -42,35 +42,35 @@ BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kerne
 def mmp_register_patches(session, registry, device):
     eager = jit_mode(device, session.settings.jit) == "eager"
     registry.add(Patch(
-        f"{FEATURE}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
-        _compile_helpers_if_missing, FEATURE,
+        f"{FEATURE.name}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
+        _compile_helpers_if_missing, FEATURE.name,
         why="skip `make` when the compiled dataset helpers already import",
         megatron=VERIFIED_MEGATRON))
     registry.extend(patches_at(
-        "legacy_fused_kernels_load", f"{FEATURE}.fused_kernels_load", "replace",
-        _no_fused_kernels, FEATURE, devices=frozenset({"musa", "cpu"}),
+        "legacy_fused_kernels_load", f"{FEATURE.name}.fused_kernels_load", "replace",
+        _no_fused_kernels, FEATURE.name, devices=frozenset({"musa", "cpu"}),
         why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA",
         megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
-        "replace", _no_jit_warmup, FEATURE,
+        f"{FEATURE.name}.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
+        "replace", _no_jit_warmup, FEATURE.name,
         condition=lambda: eager or "@jit_fuser compiles here: the warm-up compiles its kernels",
         why="@jit_fuser is eager here: the warm-up would compile nothing",
         megatron=VERIFIED_MEGATRON))
     registry.extend(patches_at(
-        "batch_invariant_kernels", f"{FEATURE}.batch_invariant_stand_in", "module",
-        _batch_invariant_stand_in, FEATURE, condition=lambda: missing("triton"),
+        "batch_invariant_kernels", f"{FEATURE.name}.batch_invariant_stand_in", "module",
+        _batch_invariant_stand_in, FEATURE.name, condition=lambda: missing("triton"),
         why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
             "initialize.py failing to import", megatron=VERIFIED_MEGATRON))
     registry.extend(patches_at(
-        "paged_stash_kernels", f"{FEATURE}.paged_stash_without_triton", "module",
-        _paged_stash_without_triton, FEATURE, condition=lambda: missing("triton"),
+        "paged_stash_kernels", f"{FEATURE.name}.paged_stash_without_triton", "module",
+        _paged_stash_without_triton, FEATURE.name, condition=lambda: missing("triton"),
         why="triton is not installed: `import megatron.core` works; --moe-paged-stash "
             "explains that its kernels need triton", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.inference_tensor_ops_without_triton",
+        f"{FEATURE.name}.inference_tensor_ops_without_triton",
         "megatron.core.inference.contexts.attention_context.triton.tensor_ops:*", "module",
-        _inference_tensor_ops_without_triton, FEATURE, condition=lambda: missing("triton"),
+        _inference_tensor_ops_without_triton, FEATURE.name, condition=lambda: missing("triton"),
         why="triton is not installed: upstream's inference scripts import it through the Mamba "
             "builders (0.16-0.17's gpt_static_inference.py); the kernels explain that they "
             "need triton", megatron=VERIFIED_MEGATRON))

@@ -18,15 +18,14 @@ import os
 
 import numpy as np
 
-from ..binding import call_arguments
-from ..data.errors import DataError
-from ..hookspecs import hookimpl
-from ..registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.data.errors import DataError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "data_checks"
-REQUIRED = False
-DESCRIPTION = "--data-path pairs checked at start-up: present, undamaged, token ids within the " \
-              "tokenizer's vocabulary"
+FEATURE = feature(__name__, "--data-path pairs checked at start-up: present, undamaged, token ids within the " \
+              "tokenizer's vocabulary")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -39,11 +38,11 @@ _WINDOWS = 64
 @hookimpl
 def mmp_register_patches(session, registry):
     # (file, vocabulary size) pairs this run has checked: each file is read once per run
-    checked = session.state_for(FEATURE, set)
+    checked = session.state_for(FEATURE.name, set)
     registry.add(Patch(
         "data_checks.gpt_low_level_dataset",
         "megatron.core.datasets.gpt_dataset:GPTDataset.build_low_level_dataset", "wrap",
-        functools.partial(_build_low_level_dataset, checked), FEATURE,
+        functools.partial(_build_low_level_dataset, checked), FEATURE.name,
         why="check each --data-path pair and its token ids against the tokenizer",
         megatron=VERIFIED_MEGATRON))
 
@@ -73,7 +72,7 @@ def tokenizer_name(tokenizer) -> str:
 
 def check_pair(prefix: str) -> None:
     """Both files present, sizes consistent, not empty: ``mmp data blend``'s checks."""
-    from ..data.blend import check
+    from megatron_musa_patch.data.blend import check
 
     shard = check(prefix)
     if shard.problem is None:

@@ -28,14 +28,12 @@ import dataclasses
 import functools
 import logging
 
-from ..binding import call_arguments
-from ..flag_needs import FlagNeed
-from ..hookspecs import hookimpl
-from ..registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "flash_attention"
-REQUIRED = False
-DESCRIPTION = "--use-flash-attn on the local spec: core attention through SDPA"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -45,13 +43,14 @@ logger = logging.getLogger("megatron_musa_patch")
 ANNOUNCEMENT = ("megatron_musa_patch: --use-flash-attn: core attention runs through "
                 "scaled_dot_product_attention")
 
-FLAG_NEEDS = (FlagNeed(
+FEATURE = feature(__name__, "--use-flash-attn on the local spec: core attention through SDPA",
+                  flag_needs=(FlagNeed(
     "--use-flash-attn",
     when=lambda args: getattr(args, "use_flash_attn", False)
     and not getattr(args, "use_legacy_models", False)
     and getattr(args, "transformer_impl", "local") == "local",
     because="with --transformer-impl local: upstream's local attention has no flash path and "
-            "would ignore the flag"),)
+            "would ignore the flag"),))
 
 
 @dataclasses.dataclass
@@ -64,11 +63,11 @@ class _Said:
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    said = session.state_for(FEATURE, _Said)
+    said = session.state_for(FEATURE.name, _Said)
     registry.add(Patch(
-        f"{FEATURE}.core_attention",
+        f"{FEATURE.name}.core_attention",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.forward", "wrap",
-        functools.partial(_forward, said, session.is_rank_zero()), FEATURE,
+        functools.partial(_forward, said, session.is_rank_zero()), FEATURE.name,
         why="--use-flash-attn: local core attention through scaled_dot_product_attention",
         megatron=VERIFIED_MEGATRON))
 
@@ -95,7 +94,7 @@ def _forward(said, rank_zero, wrapped, instance, args, kwargs):
     if getattr(instance, "softmax_offset", None) is not None:
         _fallback(said, f"--softmax-type {instance.config.softmax_type} (a softmax offset)")
         return wrapped(*args, **kwargs)
-    from ..ops.attention import sdpa_preferred
+    from megatron_musa_patch.lib.ops.attention import sdpa_preferred
 
     query, key = call["query"], call["key"]
     if not sdpa_preferred(query.device.type, query.dtype, query.shape[0], key.shape[0]):
@@ -113,7 +112,7 @@ def run_core_attention(instance, query, key, value, attention_mask):
     from megatron.core import tensor_parallel
     from megatron.core.transformer.enums import AttnMaskType
 
-    from ..ops.attention import sdpa_attention, sliding_window_mask
+    from megatron_musa_patch.lib.ops.attention import sdpa_attention, sliding_window_mask
 
     softmax = instance.scale_mask_softmax
     # upstream divides the QK^T scale by the layer-scaling coefficient and multiplies the

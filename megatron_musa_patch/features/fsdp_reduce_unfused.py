@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import copy
 
-from ..hookspecs import hookimpl
-from ..registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fsdp_reduce_unfused"
-REQUIRED = False
-DESCRIPTION = ("CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of "
+FEATURE = feature(__name__, "CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of "
                "NCCL's PREMUL_SUM, which gloo does not have")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -32,8 +31,8 @@ FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE}.preprocessing", f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
-                       "wrap", _without_div_fusion, FEATURE, devices=frozenset({"cpu"}),
+    registry.add(Patch(f"{FEATURE.name}.preprocessing", f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
+                       "wrap", _without_div_fusion, FEATURE.name, devices=frozenset({"cpu"}),
                        why="gradient_reduce_div_fusion reduces with NCCL's PREMUL_SUM, which "
                            "gloo does not have", megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
 

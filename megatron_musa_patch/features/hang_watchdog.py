@@ -18,17 +18,17 @@ from __future__ import annotations
 import functools
 import os
 
-from ..binding import call_arguments
-from ..elastic.watchdog import Deadlines, Watchdog
-from ..errors import ArgumentError
-from ..hookspecs import hookimpl
-from ..registry import Patch
-from ..upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "hang_watchdog"
-REQUIRED = False
-DESCRIPTION = "a rank that stops making progress ends itself (with its stack) within " \
-              "--hang-timeout, so torchrun can restart the group"
+FEATURE = feature(__name__, "a rank that stops making progress ends itself (with its stack) within " \
+              "--hang-timeout, so torchrun can restart the group",
+                  after=("throughput",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -40,12 +40,12 @@ AGENT_ENV = "TORCHELASTIC_RUN_ID"
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    state = session.state_for(FEATURE)
+    state = session.state_for(FEATURE.name)
     report_dir = session.settings.watchdog_dir
 
     def add(pid, name, impl, why):
         registry.add(Patch(f"hang_watchdog.{pid}", f"{TRAINING}:{name}", "wrap",
-                           functools.partial(impl, state, report_dir), FEATURE, why=why,
+                           functools.partial(impl, state, report_dir), FEATURE.name, why=why,
                            megatron=VERIFIED_MEGATRON))
 
     add("train", "train", _train, "the training loop arms the deadline of reaching each step")

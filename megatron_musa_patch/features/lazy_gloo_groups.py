@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 
-from ..hookspecs import hookimpl
-from ..registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "lazy_gloo_groups"
-REQUIRED = False
-DESCRIPTION = ("CPU row: gloo process groups connect on first use, as NCCL's communicators "
+FEATURE = feature(__name__, "CPU row: gloo process groups connect on first use, as NCCL's communicators "
                "do (TORCH_GLOO_LAZY_INIT around group creation)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -36,8 +35,8 @@ LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 def mmp_register_patches(registry):
     # every sub-group goes through it: new_group, new_subgroups(_by_enumeration), and
     # megatron-core's HyperCommGrid through those; init_process_group does not
-    registry.add(Patch(f"{FEATURE}.new_group", "torch.distributed.distributed_c10d:"
-                       "_new_group_with_tag", "wrap", _lazily, FEATURE,
+    registry.add(Patch(f"{FEATURE.name}.new_group", "torch.distributed.distributed_c10d:"
+                       "_new_group_with_tag", "wrap", _lazily, FEATURE.name,
                        devices=frozenset({"cpu"}),
                        why="Megatron makes tens of groups and uses few; NCCL connects a group "
                            "on its first collective, gloo now too",

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 
-from ..binding import call_arguments
-from ..flag_needs import unavailable_errors
-from ..hookspecs import hookimpl
-from ..registry import Patch, patches_at
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.flag_needs import unavailable_errors
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.feature import declaration, feature
 
-FEATURE = "megatron_args"
-REQUIRED = True
-DESCRIPTION = "plugin argument groups and validation inside Megatron's parse_args/validate_args"
+FEATURE = feature(__name__, "plugin argument groups and validation inside Megatron's parse_args/validate_args",
+                  required=True)
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -33,7 +33,7 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 def mmp_register_patches(session, registry):
     def add(pid, target, impl, why):
         registry.add(Patch(f"megatron_args.{pid}", target, "wrap",
-                           functools.partial(impl, session), FEATURE, strict=True, why=why,
+                           functools.partial(impl, session), FEATURE.name, strict=True, why=why,
                            megatron=VERIFIED_MEGATRON))
 
     add("parse_args", "megatron.training.arguments:parse_args", _parse_args,
@@ -42,7 +42,7 @@ def mmp_register_patches(session, registry):
         "plugin flag checks run before Megatron's")
     registry.extend(patches_at(
         "core_transformer_config_from_args", "megatron_args.transformer_config", "wrap",
-        functools.partial(_transformer_config, session), FEATURE, strict=True,
+        functools.partial(_transformer_config, session), FEATURE.name, strict=True,
         why="plugins carry their flags onto the TransformerConfig", megatron=VERIFIED_MEGATRON))
     add("optimizer_config", "megatron.training.training:get_megatron_optimizer_config",
         _optimizer_config, "plugins carry their flags onto the OptimizerConfig")
@@ -91,7 +91,8 @@ def check_flag_needs(session, args) -> None:
     naming every such flag."""
     found = []
     for feature, plugin in session.plugins.list_name_plugin():
-        if plugin is None or not hasattr(plugin, "FEATURE"):
+        declared = declaration(plugin)
+        if declared is None:
             continue  # a blocked plugin, or the built-in device choice
         why = session.why_unavailable(feature)
         if why is None:
@@ -99,7 +100,7 @@ def check_flag_needs(session, args) -> None:
         for action in session.flag_owners.get(feature, ()):
             if getattr(args, action.dest, action.default) != action.default:
                 found.append((_flag_name(action), feature, why, "", ""))
-        for need in getattr(plugin, "FLAG_NEEDS", ()):
+        for need in declared.flag_needs:
             if need.applies(args, session.device.name):
                 found.append((need.flag, feature, why, need.because, need.instead))
     if found:

@@ -28,25 +28,24 @@ import dataclasses
 import functools
 import math
 
-from ..binding import call_arguments, has_parameter
-from ..conditions import te_missing
-from ..flag_needs import FlagNeed
-from ..hookspecs import hookimpl
-from ..registry import Patch
-from ..upstream.facts import fixed_upstream
+from megatron_musa_patch.upstream.binding import call_arguments, has_parameter
+from megatron_musa_patch.upstream.conditions import te_missing
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.facts import fixed_upstream
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mla_local"
-REQUIRED = False
-DESCRIPTION = "--multi-latent-attention with the local (no TransformerEngine) attention"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
-FLAG_NEEDS = (FlagNeed("--multi-latent-attention",
+FEATURE = feature(__name__, "--multi-latent-attention with the local (no TransformerEngine) attention",
+                  flag_needs=(FlagNeed("--multi-latent-attention",
                        when=lambda args: getattr(args, "multi_latent_attention", False)
                        and getattr(args, "transformer_impl", "local") == "local",
                        because="on the local spec upstream's MLA passes arguments the local "
-                               "attention does not take"),)
+                               "attention does not take"),))
 
 
 @hookimpl
@@ -54,13 +53,13 @@ def mmp_register_patches(registry):
     registry.add(Patch(
         "mla_local.dot_product_attention_channels",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
-        _accept_k_v_channels, FEATURE,
+        _accept_k_v_channels, FEATURE.name,
         why="MLA passes k_channels/v_channels: set the output width and default scale from them",
         megatron=VERIFIED_MEGATRON))
     until, ends = fixed_upstream("mla_knows_te_is_missing", since="0.16.1")
     registry.add(Patch(
         "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
-        "attribute", False, FEATURE, condition=te_missing, megatron=until, ends=ends,
+        "attribute", False, FEATURE.name, condition=te_missing, megatron=until, ends=ends,
         why="its TE names are None without TE; the module believed TE was there"))
     registry.extend(_norm_linear_records())
 
@@ -69,7 +68,7 @@ def _norm_linear_records():
     return [Patch(
         "mla_local.fused_q_norm",
         "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.__init__", "wrap",
-        _with_local_fused_q_norm, FEATURE, megatron=">=0.19,<0.20",
+        _with_local_fused_q_norm, FEATURE.name, megatron=">=0.19,<0.20",
         starts="the Q/KV norm resolver exists from 0.19",
         why="MLA without a query LoRA: the query projection's fused norm, built from "
             "megatron-core's own layers where TE's is missing (as TE's spec resolves it)")]
@@ -82,7 +81,7 @@ def norm_linear_class():
     import torch
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
-    from ..ops import norm
+    from megatron_musa_patch.lib.ops import norm
 
     class LayerNormColumnParallelLinear(ColumnParallelLinear):
         def __init__(self, input_size, output_size, *, config, **kwargs):

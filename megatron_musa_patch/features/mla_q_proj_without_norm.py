@@ -12,14 +12,13 @@ again; before 0.19 there is nothing to change.
 
 from __future__ import annotations
 
-from ..errors import ArgumentError
-from ..hookspecs import hookimpl
-from ..registry import Patch
-from ..upstream import facts
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream import facts
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mla_q_proj_without_norm"
-REQUIRED = False
-DESCRIPTION = ("--mla-q-proj-without-norm (MLA without a query LoRA: no norm before the query "
+FEATURE = feature(__name__, "--mla-q-proj-without-norm (MLA without a query LoRA: no norm before the query "
                "projection, as DeepSeek-V2-Lite and megatron-core before 0.19)")
 
 #: what the record undoes, and from which release megatron-core does it
@@ -57,9 +56,9 @@ def mmp_transformer_config(args, config):
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        f"{FEATURE}.resolve",
+        f"{FEATURE.name}.resolve",
         "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.resolve", "wrap",
-        _plain_q_proj, FEATURE, megatron=f">={facts.since(FACT)},<0.20",
+        _plain_q_proj, FEATURE.name, megatron=f">={facts.since(FACT)},<0.20",
         starts=f"megatron-core {facts.since(FACT)} adds the query norm",
         why="--mla-q-proj-without-norm: the query projection without the norm 0.19 fuses in"))
 

@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import copy
 
-from ..binding import call_arguments
-from ..conditions import importable, te_installed
-from ..flag_needs import FlagNeed
-from ..hookspecs import hookimpl
-from ..registry import Patch, patches_at
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import importable, te_installed
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "moe_fusion"
-REQUIRED = False
-DESCRIPTION = "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -67,20 +65,22 @@ def _grouped_gemm_needs_us(args) -> bool:
         getattr(args, "transformer_impl", "local") == "local" or not te_installed())
 
 
-FLAG_NEEDS = (
+FEATURE = feature(__name__, "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm",
+                  flag_needs=(
     FlagNeed("--moe-permute-fusion", when=_permute_fusion_needs_us,
              because="upstream needs TransformerEngine for it"),
     FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
              because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
-)
+),
+                  after=("recompute", "megatron_args"))
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    from ..ops import moe_permute
+    from megatron_musa_patch.lib.ops import moe_permute
 
     def add(pid, target, kind, impl, condition, why, **extra):
-        registry.add(Patch(f"{FEATURE}.{pid}", target, kind, impl, FEATURE, condition=condition,
+        registry.add(Patch(f"{FEATURE.name}.{pid}", target, kind, impl, FEATURE.name, condition=condition,
                            why=why, **extra, megatron=VERIFIED_MEGATRON))
 
     for name in TE_FUSED:
@@ -96,13 +96,13 @@ def mmp_register_patches(registry):
     for name, value in (("grouped_gemm", _GroupedGemmPackage()),
                         ("ops", _GroupedGemmPackage.ops)):
         registry.extend(patches_at(
-            "grouped_gemm_util", f"{FEATURE}.grouped_gemm_{'ops' if name == 'ops' else 'package'}",
-            "attribute", value, FEATURE, condition=_without_grouped_gemm, create=True,
+            "grouped_gemm_util", f"{FEATURE.name}.grouped_gemm_{'ops' if name == 'ops' else 'package'}",
+            "attribute", value, FEATURE.name, condition=_without_grouped_gemm, create=True,
             attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm",
             megatron=VERIFIED_MEGATRON))
     registry.extend(patches_at(
-        "grouped_mlp_forward", f"{FEATURE}.grouped_mlp_dtype", "wrap", _grouped_mlp_forward,
-        FEATURE, condition=_without_grouped_gemm,
+        "grouped_mlp_forward", f"{FEATURE.name}.grouped_mlp_dtype", "wrap", _grouped_mlp_forward,
+        FEATURE.name, condition=_without_grouped_gemm,
         why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype",
         megatron=VERIFIED_MEGATRON))
     add("capability_check", "megatron.training.arguments:validate_args", "wrap",
@@ -113,7 +113,7 @@ def mmp_register_patches(registry):
 class _GroupedGemmOps:
     @staticmethod
     def gmm(a, b, batch_sizes, trans_b=False):
-        from ..ops.grouped_gemm import gmm
+        from megatron_musa_patch.lib.ops.grouped_gemm import gmm
 
         return gmm(a, b, batch_sizes, trans_b=trans_b)
 
@@ -122,7 +122,7 @@ class _GroupedGemmOps:
         """The gradients of ``gmm`` without its forward, bit for bit autograd's: offered to
         ``--recompute-variance``, which skips the grouped experts' fc2 in the recompute (the
         grouped_gemm package has no such entry, so there the combination is refused)."""
-        from ..ops.grouped_gemm import gmm_backward
+        from megatron_musa_patch.lib.ops.grouped_gemm import gmm_backward
 
         return gmm_backward(a, b, batch_sizes, trans_b, grad)
 
@@ -171,7 +171,7 @@ def _permute(wrapped, instance, args, kwargs):
     a = call_arguments(wrapped, args, kwargs)
     if not a["fused"] or a.get("align_size", 0) > 0:
         return wrapped(*args, **kwargs)  # padding to an fp8/fp4 alignment: TE's kernel alone
-    from ..ops import moe_permute
+    from megatron_musa_patch.lib.ops import moe_permute
 
     permuted, probs, sorted_indices = moe_permute.permute(
         a["tokens"], a["routing_map"], probs=a["probs"], num_out_tokens=a["num_out_tokens"],
@@ -186,7 +186,7 @@ def _unpermute(wrapped, instance, args, kwargs):
     a = call_arguments(wrapped, args, kwargs)
     if not a["fused"] or a.get("pad_offsets") is not None:
         return wrapped(*args, **kwargs)
-    from ..ops import moe_permute
+    from megatron_musa_patch.lib.ops import moe_permute
 
     return moe_permute.unpermute(a["permuted_tokens"], a["sorted_indices"], a["restore_shape"],
                                  probs=a["probs"])
@@ -196,7 +196,7 @@ def _sort_chunks(wrapped, instance, args, kwargs):
     a = call_arguments(wrapped, args, kwargs)
     if not a["fused"]:
         return wrapped(*args, **kwargs)
-    from ..ops import moe_permute
+    from megatron_musa_patch.lib.ops import moe_permute
 
     return moe_permute.sort_chunks_by_index(a["input"], a["split_sizes"], a["sorted_idxs"],
                                             probs=a["probs"])

@@ -8,12 +8,11 @@ error naming both, rather than a silent pick.
 
 from __future__ import annotations
 
-from ..errors import ArgumentError
-from ..hookspecs import hookimpl
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mtp_flags"
-REQUIRED = False
-DESCRIPTION = "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)"
+FEATURE = feature(__name__, "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)")
 
 # upstream's default for --mtp-loss-scaling-factor: only a different value counts as "given"
 UPSTREAM_SCALING_DEFAULT = 0.1

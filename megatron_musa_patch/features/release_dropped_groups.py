@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import functools
 
-from ..hookspecs import hookimpl
-from ..registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "release_dropped_groups"
-REQUIRED = False
-DESCRIPTION = ("destroy_model_parallel destroys the gloo groups initialize_model_parallel made "
+FEATURE = feature(__name__, "destroy_model_parallel destroys the gloo groups initialize_model_parallel made "
                "(CPU row), instead of leaving their sockets and threads behind")
 
 #: the releases this feature's records were verified on (docs/compatibility.md); it reads
@@ -74,12 +73,12 @@ def _registered():
 @hookimpl
 def mmp_register_patches(registry):
     groups = ModelParallelGroups()
-    record = functools.partial(Patch, feature=FEATURE, devices=frozenset({"cpu"}),
+    record = functools.partial(Patch, feature=FEATURE.name, devices=frozenset({"cpu"}),
                                megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH)
-    registry.add(record(f"{FEATURE}.initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
+    registry.add(record(f"{FEATURE.name}.initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
                         "wrap", groups.record_initialize,
                         why="remember the groups it registers, to destroy them with it"))
-    registry.add(record(f"{FEATURE}.destroy", f"{PARALLEL_STATE}:destroy_model_parallel",
+    registry.add(record(f"{FEATURE.name}.destroy", f"{PARALLEL_STATE}:destroy_model_parallel",
                         "wrap", groups.release_on_destroy,
                         why="a dropped gloo group keeps its sockets and threads: each later "
                             "initialisation slows down"))

@@ -26,14 +26,13 @@ import os
 import sys
 from datetime import timedelta
 
-from ..binding import call_arguments
-from ..hookspecs import hookimpl
-from ..registry import Patch
-from ..upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "restart_store"
-REQUIRED = False
-DESCRIPTION = "a group torchrun restarts gets store keys of its own (no stale peer addresses)"
+FEATURE = feature(__name__, "a group torchrun restarts gets store keys of its own (no stale peer addresses)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -50,7 +49,7 @@ def mmp_register_patches(session, registry):
     registry.add(Patch(
         "restart_store.initialize_distributed",
         f"{INITIALIZE}:_initialize_distributed", "wrap",
-        functools.partial(_initialize_distributed, session.state_for(FEATURE)), FEATURE,
+        functools.partial(_initialize_distributed, session.state_for(FEATURE.name)), FEATURE.name,
         why="a restarted group's process groups do not read the previous attempt's addresses",
         megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
 

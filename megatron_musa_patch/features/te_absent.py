@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import sys
 
-from ..conditions import te_installed
-from ..errors import ArgumentError
-from ..hookspecs import hookimpl
+from megatron_musa_patch.upstream.conditions import te_installed
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "te_absent"
-REQUIRED = False
-DESCRIPTION = ("without TransformerEngine: --transformer-impl transformer_engine stops with one "
+FEATURE = feature(__name__, "without TransformerEngine: --transformer-impl transformer_engine stops with one "
                "paragraph; --tp-comm-overlap is dropped with a warning")
 
 
@@ -42,7 +41,7 @@ def paragraph(device: str) -> str:
 
 @hookimpl(tryfirst=True)  # before other plugins' checks name flags that would not matter then
 def mmp_validate_args(args, session, device):
-    if te_installed() or session.why_unavailable(FEATURE) is not None:
+    if te_installed() or session.why_unavailable(FEATURE.name) is not None:
         return
     if getattr(args, "transformer_impl", "local") == "transformer_engine":
         raise ArgumentError(paragraph(device.name))

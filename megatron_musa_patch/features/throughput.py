@@ -3,7 +3,7 @@
 Two wraps in ``megatron.training.training``:
 
 * ``train``: before the loop starts (and its interval timer with it) the FLOPs of the model are
-  counted from ``args`` (``megatron_musa_patch.flops``) and the device's peak is resolved
+  counted from ``args`` (``megatron_musa_patch.lib.metrics.flops``) and the device's peak is resolved
   (``--device-peak-tflops``, else the peak table, else on the CPU a short GEMM benchmark run by
   all ranks together); rank 0 prints both once, with upstream's own count beside ours.
 * ``print_rank_last`` as ``training_log`` calls it: the iteration line gets
@@ -24,15 +24,14 @@ import re
 import sys
 from typing import Optional
 
-from ..binding import call_arguments
-from ..errors import ArgumentError
-from ..hookspecs import hookimpl
-from ..registry import Patch
-from ..upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "throughput"
-REQUIRED = False
-DESCRIPTION = "tokens/s per device and MFU in the training log (FLOPs counted for the model)"
+FEATURE = feature(__name__, "tokens/s per device and MFU in the training log (FLOPs counted for the model)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -44,15 +43,15 @@ BATCH = re.compile(r"global batch size: +(\d+) \|")
 @hookimpl
 def mmp_register_patches(session, registry, device):
     # what ``train`` resolves for the log lines of this run: args, peak (Peak or None), why none
-    resolved = session.state_for(FEATURE)
+    resolved = session.state_for(FEATURE.name)
     registry.add(Patch(
         "throughput.train", f"{TRAINING}:train", "wrap",
-        functools.partial(_train, resolved, device), FEATURE,
+        functools.partial(_train, resolved, device), FEATURE.name,
         why="count the model's FLOPs and resolve the device peak before the training loop",
         megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
         "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap",
-        functools.partial(_print_rank_last, resolved), FEATURE,
+        functools.partial(_print_rank_last, resolved), FEATURE.name,
         why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line",
         megatron=VERIFIED_MEGATRON))
 
@@ -90,7 +89,8 @@ def _train(resolved, device, wrapped, instance, args, kwargs):
 
 
 def _prepare(resolved: dict, device, margs) -> None:
-    from ..peak_flops import Peak, lookup, measure_matmul, training_dtype
+    from megatron_musa_patch.lib.metrics.peak_flops import (Peak, lookup, measure_matmul,
+                                                            training_dtype)
 
     resolved.clear()
     resolved["args"] = margs
@@ -146,7 +146,7 @@ def _startup_line(margs, peak, why) -> str:
 
 
 def _differences(margs) -> str:
-    """Why upstream's count differs for this model (see megatron_musa_patch.flops)."""
+    """Why upstream's count differs for this model (see megatron_musa_patch.lib.metrics.flops)."""
     why = []
     if getattr(margs, "num_experts", None):
         why.append("upstream leaves out the MoE router GEMM")
@@ -154,11 +154,11 @@ def _differences(margs) -> str:
         why.append("upstream counts the MLA q/kv RMSNorms as GEMM FLOPs")
     if getattr(margs, "mtp_num_layers", None):
         why.append("upstream counts the MTP RMSNorms as GEMM FLOPs")
-    return "; ".join(why) or "see megatron_musa_patch.flops"
+    return "; ".join(why) or "see megatron_musa_patch.lib.metrics.flops"
 
 
 def _iteration_flops(margs, batch):
-    from ..flops import UnsupportedModel, iteration_flops
+    from megatron_musa_patch.lib.metrics.flops import UnsupportedModel, iteration_flops
 
     try:
         return iteration_flops(margs, batch), "counted for this model"

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..errors import MegatronMusaPatchError
+from megatron_musa_patch.core.errors import MegatronMusaPatchError
 from . import installed, tables
 from .ranges import newer_than, release, row_of, text
 

@@ -19,7 +19,7 @@ import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
 
-from megatron_musa_patch.selftest_worker import batches, train_steps  # noqa: E402
+from megatron_musa_patch.cli.selftest_worker import batches, train_steps  # noqa: E402
 
 FUSIONS = ("persist_layer_norm", "gradient_accumulation_fusion", "bias_activation_fusion",
            "bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion")

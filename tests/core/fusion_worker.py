@@ -26,7 +26,7 @@ import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
 
-from megatron_musa_patch import selftest_worker as sw  # noqa: E402
+from megatron_musa_patch.cli import selftest_worker as sw  # noqa: E402
 
 #: run -> (family, settings)
 RUNS = {
@@ -128,7 +128,7 @@ def train(model, config, model_opts):
 
 def count_calls():
     """Count the calls of the ops the features route to (proof the fused paths ran)."""
-    from megatron_musa_patch.ops import attention, grouped_gemm, moe_permute
+    from megatron_musa_patch.lib.ops import attention, grouped_gemm, moe_permute
 
     counts = {}
     for module, name in ((attention, "sdpa_attention"), (moe_permute, "permute"),

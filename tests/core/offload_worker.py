@@ -3,7 +3,7 @@
 Trains the selftest's tiny megatron-core GPT (local spec) with the distributed optimizer once per
 optimizer configuration, in one process: every run starts from the same weights (seeds reset)
 and sees the same batches. Per run rank 0 records the per-step losses and where the optimizer
-state lives (``megatron_musa_patch.offload.counting``); the overlap runs count the events
+state lives (``megatron_musa_patch.lib.offload.counting``); the overlap runs count the events
 recorded on the hybrid optimizer's copy streams. A ``resume`` run trains half the steps, saves
 model and optimizer the way Megatron-LM does (``torch_dist`` with either distributed-optimizer
 layout, or ``--ckpt-format torch``: model first, then the optimizer and its parameter state),
@@ -23,8 +23,8 @@ import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
 
-from megatron_musa_patch import selftest_worker as sw  # noqa: E402
-from megatron_musa_patch.offload.counting import hybrid_optimizers, placement  # noqa: E402
+from megatron_musa_patch.cli import selftest_worker as sw  # noqa: E402
+from megatron_musa_patch.lib.offload.counting import hybrid_optimizers, placement  # noqa: E402
 
 FP = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

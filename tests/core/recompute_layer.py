@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from megatron_musa_patch.recompute.accounting import SavedBytes
+from megatron_musa_patch.lib.recompute.accounting import SavedBytes
 
 #: setting -> (our flags, upstream TransformerConfig overrides)
 SETTINGS: Dict[str, Tuple[tuple, dict]] = {

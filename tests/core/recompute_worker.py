@@ -94,7 +94,7 @@ COUNTED = ("block recompute", "skipped linear forward", "norm recompute", "relea
 
 def install_counters():
     """Count block recomputes, skipped linears and norm recomputes (test instrumentation)."""
-    from megatron_musa_patch.recompute import blocks, deferred, norm_output
+    from megatron_musa_patch.lib.recompute import blocks, deferred, norm_output
 
     call = blocks._BlockRun.__call__
 
@@ -111,7 +111,7 @@ def install_counters():
         return impl(args, kwargs)
 
     deferred.forward_impl = counted_impl
-    from megatron_musa_patch.recompute import grouped, released
+    from megatron_musa_patch.lib.recompute import grouped, released
 
     skip_gmm = grouped.SkipForwardGmm.forward
 

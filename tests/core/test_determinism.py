@@ -27,7 +27,7 @@ def _with_dropout(self):
 
 
 transformer_config.TransformerConfig.__post_init__ = _with_dropout
-from megatron_musa_patch import selftest_worker
+from megatron_musa_patch.cli import selftest_worker
 
 selftest_worker.main()
 """

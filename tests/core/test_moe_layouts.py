@@ -21,7 +21,7 @@ TOLERANCE = 1e-5
 def deepseek(tmp_path_factory):
     out = tmp_path_factory.mktemp("moe") / "result.json"
     proc = run_python(
-        "import sys; from megatron_musa_patch.selftest import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from megatron_musa_patch.cli.selftest import main; sys.exit(main(sys.argv[1:]))",
         args=("--model", "deepseek", "--layouts", ",".join(LAYOUTS), "--steps", "4",
               "--json", str(out), "--keep", str(out.parent / "runs")),
         env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), timeout=900)
@@ -40,7 +40,7 @@ def test_layout_matches_one_rank(deepseek, layout):
 
 
 def test_device_level_balancing_trains_and_changes_the_run(deepseek):
-    from megatron_musa_patch.selftest import run_worker
+    from megatron_musa_patch.cli.selftest import run_worker
 
     result, runs = deepseek
     flags = ["--steps", "4", "--experts", "4", "--mla", "--ep", "2", "--load-init",

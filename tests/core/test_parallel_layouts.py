@@ -18,7 +18,7 @@ LAYOUTS = ["tp2", "pp2", "vpp2", "dp2", "dp2-distopt"]
 def selftest(tmp_path_factory):
     out = tmp_path_factory.mktemp("selftest") / "result.json"
     proc = run_python(
-        "import sys; from megatron_musa_patch.selftest import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from megatron_musa_patch.cli.selftest import main; sys.exit(main(sys.argv[1:]))",
         args=("--layouts", ",".join(LAYOUTS), "--steps", "5", "--json", str(out)),
         env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), timeout=900)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -66,7 +66,7 @@ def write_jsonl(path, docs) -> str:
 
 def data_main(argv) -> int:
     """``mmp data ...`` in this process, through the top-level CLI (errors -> exit 2)."""
-    from megatron_musa_patch.cli import main
+    from megatron_musa_patch.cli.main import main
 
     return main(["data"] + [str(a) for a in argv])
 
@@ -76,7 +76,7 @@ def run_mmp(argv, env=None, **kwargs) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
-    code = ("import sys; from megatron_musa_patch.cli import main; "
+    code = ("import sys; from megatron_musa_patch.cli.main import main; "
             "sys.exit(main(['data'] + sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code] + [str(a) for a in argv], env=full_env,
                           capture_output=True, text=True, **kwargs)
@@ -90,7 +90,7 @@ def run_mmp_imports(argv, env=None, **kwargs):
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
-    code = ("import json, sys; from megatron_musa_patch.cli import main; "
+    code = ("import json, sys; from megatron_musa_patch.cli.main import main; "
             "rc = main(['data'] + sys.argv[1:]); "
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code] + [str(a) for a in argv], env=full_env,

@@ -102,7 +102,7 @@ def test_killed_run_leaves_no_complete_looking_pair(tmp_path, hf_tokenizer):
     """SIGKILL in the middle: no final .bin/.idx pair; the rerun cleans the temporaries."""
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(6000, seed=4))
     env = dict(os.environ, PYTHONPATH=REPO, MEGATRON_MUSA_PATCH_AUTOACTIVATE="0")
-    code = ("import sys; from megatron_musa_patch.cli import main; "
+    code = ("import sys; from megatron_musa_patch.cli.main import main; "
             "sys.exit(main(['data'] + sys.argv[1:]))")
     a = [str(x) for x in ["prepare", "--input", src, "--output-prefix", tmp_path / "o",
                           "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",

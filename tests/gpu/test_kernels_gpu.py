@@ -1,7 +1,7 @@
 """The csrc kernels on a device, forward and backward, against torch references in fp32.
 
 Runs where a CUDA or MUSA device is visible (the extension is built on first use, see
-megatron_musa_patch/ops/kernels/); everywhere else the kernel cases skip with the reason
+megatron_musa_patch/lib/ops/kernels/); everywhere else the kernel cases skip with the reason
 (the check of the references against megatron-core still runs, on the CPU). On a device, a
 kernel build failure fails the tests (it is not a skip).
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron_musa_patch.device import builtin_select
-from megatron_musa_patch.ops import kernels
+from megatron_musa_patch.device.select import builtin_select
+from megatron_musa_patch.lib.ops import kernels
 
 
 def _device_type():

@@ -8,10 +8,10 @@ import hashlib
 import inspect
 from collections import Counter
 
-from megatron_musa_patch.recompute import blocks, norm_output
+from megatron_musa_patch.lib.recompute import blocks, norm_output
 
-from megatron_musa_patch.hookspecs import hookimpl
-from megatron_musa_patch.registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream import tables
 
 FEATURE = "recompute_probe"

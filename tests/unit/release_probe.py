@@ -37,7 +37,7 @@ def main(argv):
             series = f"{core.major}.{core.minor}"
             tables.MEGATRON = tables.MEGATRON + (tables.MegatronRelease(
                 series, f"core_v{core}", str(core), "3.10", "wheel"),)
-    from megatron_musa_patch import cli
+    from megatron_musa_patch.cli import main as cli
 
     rest = opts.rest[1:] if opts.rest[:1] == ["--"] else opts.rest
     return cli.main(rest)

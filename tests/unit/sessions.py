@@ -1,11 +1,11 @@
 """Sessions for unit tests: the real Session, registry and plugin manager, with chosen plugins,
 toggles and patch failures, without activating the layer (nothing is patched)."""
 
-from megatron_musa_patch.device import mapping
-from megatron_musa_patch.plugins import make_manager, toggles
-from megatron_musa_patch.registry import Registry
-from megatron_musa_patch.session import Session
-from megatron_musa_patch.settings import Settings
+from megatron_musa_patch.device.select import mapping
+from megatron_musa_patch.core.plugins import make_manager, toggles
+from megatron_musa_patch.core.registry import Registry
+from megatron_musa_patch.core.session import Session
+from megatron_musa_patch.core.settings import Settings
 
 
 def make_session(*plugins, disable=(), only=None, problems=None, device="cpu",

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from megatron_musa_patch.data.errors import DataError
-from megatron_musa_patch.errors import MegatronMusaPatchError, UnsupportedOnDeviceError
+from megatron_musa_patch.core.errors import MegatronMusaPatchError, UnsupportedOnDeviceError
 
 from ..conftest import REPO, run_python, subprocess_env
 
@@ -133,14 +133,14 @@ def test_unknown_jit_mode():
 
 
 def test_unknown_mmp_command(capsys):
-    from megatron_musa_patch.cli import main
+    from megatron_musa_patch.cli.main import main
 
     assert main(["frobnicate"]) == 2
     assert "mmp: unknown command 'frobnicate'" in capsys.readouterr().err
 
 
 def test_mmp_run_with_a_missing_script(tmp_path, capsys):
-    from megatron_musa_patch.cli import main
+    from megatron_musa_patch.cli.main import main
 
     missing = tmp_path / "pretrain_gpt.py"
     assert main(["run", "--nproc-per-node", "2", str(missing), "--train-iters", "1"]) == 2
@@ -149,7 +149,7 @@ def test_mmp_run_with_a_missing_script(tmp_path, capsys):
 
 
 def test_selftest_with_an_unknown_layout(capsys):
-    from megatron_musa_patch.selftest import main
+    from megatron_musa_patch.cli.selftest import main
 
     assert main(["--layouts", "tp3"]) == 2
     err = capsys.readouterr().err
@@ -315,7 +315,7 @@ def test_checkpoint_tracker_naming_a_missing_checkpoint(tmp_path):
 
 
 def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
-    from megatron_musa_patch.errors import ArgumentError
+    from megatron_musa_patch.core.errors import ArgumentError
     from megatron_musa_patch.features.checkpoint_safety import legacy_format_experts
     from megatron_musa_patch.features.checkpoint_safety.legacy_format_experts import \
         mmp_validate_args
@@ -393,7 +393,7 @@ def test_save_with_args_that_lack_load_goes_to_upstream(monkeypatch):
 
 
 def test_dead_rank_report_names_the_rank_and_the_checkpoint(tmp_path):
-    from megatron_musa_patch.launch import failure_report
+    from megatron_musa_patch.cli.launch import failure_report
 
     save_dir(tmp_path, "4")
     failures = {0: types.SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=7),

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from megatron_musa_patch.ops import kernels, norm
+from megatron_musa_patch.lib.ops import kernels, norm
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -142,8 +142,10 @@ PRIVATE_TORCH = re.compile(r"torch(?:\.[A-Za-z]\w*)*\._[A-Za-z]\w*|distributed_c
 
 def feature_of(path: Path):
     """The feature a module of features/ declares (None for helper modules)."""
-    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-    return getattr(importlib.import_module(module), "FEATURE", None)
+    parts = path.relative_to(REPO).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    declared = getattr(importlib.import_module(module), "FEATURE", None)
+    return declared.name if declared is not None else None
 
 
 def test_records_of_code_that_reaches_torchs_private_names_carry_a_torch_range():
@@ -216,8 +218,8 @@ def test_a_cuda_build_of_torch_beside_torch_musa_stops_device_selection(tmp_path
 
 def test_a_plugin_record_without_ranges_stops_activation_with_one_paragraph(tmp_path):
     (tmp_path / "rangeless_plugin.py").write_text(
-        "from megatron_musa_patch.hookspecs import hookimpl\n"
-        "from megatron_musa_patch.registry import Patch\n"
+        "from megatron_musa_patch.core.hookspecs import hookimpl\n"
+        "from megatron_musa_patch.core.registry import Patch\n"
         "FEATURE = 'rangeless'\n"
         "@hookimpl\n"
         "def mmp_register_patches(registry):\n"

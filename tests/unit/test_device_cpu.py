@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import megatron_musa_patch
-from megatron_musa_patch.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 
 from ..conftest import run_python, subprocess_env
 

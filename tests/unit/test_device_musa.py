@@ -20,7 +20,7 @@ import json, torch
 import megatron_musa_patch, torch_musa
 import torch.distributed as dist
 from megatron_musa_patch import active_session as current
-from megatron_musa_patch.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 
 calls = torch_musa.CALLS
 

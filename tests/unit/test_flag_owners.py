@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from megatron_musa_patch.errors import FeatureUnavailableError
+from megatron_musa_patch.core.errors import FeatureUnavailableError
 from megatron_musa_patch.features import megatron_args
-from megatron_musa_patch.flag_needs import FlagNeed
-from megatron_musa_patch.hookspecs import hookimpl
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
 
 from .sessions import make_session
 

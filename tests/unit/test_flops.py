@@ -1,4 +1,4 @@
-"""FLOPs counts (megatron_musa_patch.flops) against values worked out by hand, the peak table,
+"""FLOPs counts (megatron_musa_patch.lib.metrics.flops) against values worked out by hand, the peak table,
 and the training-log fields of the throughput feature.
 
 Per token and layer, forward: a GEMM m x k by k x n is 2mkn FLOPs; the causal core attention
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch import flops
+from megatron_musa_patch.lib.metrics import flops
 from megatron_musa_patch.features import throughput
-from megatron_musa_patch.peak_flops import Peak, lookup, measure_matmul, training_dtype
+from megatron_musa_patch.lib.metrics.peak_flops import Peak, lookup, measure_matmul, training_dtype
 
 from ..conftest import run_python, subprocess_env
 
@@ -206,7 +206,7 @@ def test_log_line_without_peak_and_other_messages():
 
 
 def test_device_peak_flag_must_be_positive():
-    from megatron_musa_patch.errors import ArgumentError
+    from megatron_musa_patch.core.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match="--device-peak-tflops must be a positive number"):
         throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=-1.0))

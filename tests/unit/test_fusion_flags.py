@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from megatron_musa_patch.conditions import te_installed
-from megatron_musa_patch.errors import FeatureUnavailableError
+from megatron_musa_patch.upstream.conditions import te_installed
+from megatron_musa_patch.core.errors import FeatureUnavailableError
 from megatron_musa_patch.features import flash_attention, megatron_args, moe_fusion
 
 from .sessions import make_session

@@ -13,10 +13,10 @@ import types
 
 import pytest
 
-from megatron_musa_patch import launch
-from megatron_musa_patch.elastic import reports
-from megatron_musa_patch.elastic.watchdog import HEADER, Deadlines
-from megatron_musa_patch.errors import ArgumentError
+from megatron_musa_patch.cli import launch
+from megatron_musa_patch.lib.elastic import reports
+from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
+from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.features import hang_watchdog, restart_store
 
 
@@ -37,7 +37,7 @@ def test_deadlines_first_of_a_kind_then_twice_the_slowest_with_a_floor():
 
 HUNG = textwrap.dedent("""
     import sys, time
-    from megatron_musa_patch.elastic.watchdog import Deadlines, Watchdog
+    from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
     dog = Watchdog.for_rank(Deadlines(timeout=float(sys.argv[2]), first=1.0), 3, sys.argv[1])
     dog.in_loop = True
     with dog.section("step", "training step of iteration 1"):
@@ -140,7 +140,7 @@ def test_the_agent_wrappers_are_removed_after_the_run():
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch.elastic.agent import driven
+    from megatron_musa_patch.lib.elastic.agent import driven
 
     originals = (LocalElasticAgent.__dict__["_monitor_workers"],
                  api.SimpleElasticAgent.__dict__["_restart_workers"],
@@ -157,7 +157,7 @@ def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
     """SubprocessHandler.close under mmp run: SIGTERM, then SIGCONT for a stopped rank."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch.elastic.agent import driven
+    from megatron_musa_patch.lib.elastic.agent import driven
 
     import inspect
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_musa_patch.ops import kernels
+from megatron_musa_patch.lib.ops import kernels
 
 REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
@@ -250,8 +250,8 @@ def test_build_failure_is_reported_not_raised(fresh_kernels, monkeypatch):
 
 
 def test_switch_off_variable(fresh_kernels):
-    from megatron_musa_patch.ops import policy
-    from megatron_musa_patch.settings import from_env
+    from megatron_musa_patch.lib.ops import policy
+    from megatron_musa_patch.core.settings import from_env
 
     assert policy.Policy.from_settings(
         from_env({"MEGATRON_MUSA_PATCH_KERNELS": "0"})).kernels is False
@@ -272,9 +272,9 @@ def test_import_is_light():
     doctor` only asks for a status line); nor must the sources module setup.py loads by path."""
     code = ("import os, sys\n"
             "os.environ['MEGATRON_MUSA_PATCH_AUTOACTIVATE'] = '0'\n"
-            "import megatron_musa_patch.ops.kernels\n"
+            "import megatron_musa_patch.lib.ops.kernels\n"
             "import importlib.util\n"
-            f"spec = importlib.util.spec_from_file_location('k', {str(REPO / 'megatron_musa_patch/ops/kernels/sources.py')!r})\n"
+            f"spec = importlib.util.spec_from_file_location('k', {str(REPO / 'megatron_musa_patch/lib/ops/kernels/sources.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

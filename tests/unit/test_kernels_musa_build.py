@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from megatron_musa_patch.ops.kernels import sources
+from megatron_musa_patch.lib.ops.kernels import sources
 
 from ..conftest import REPO, run_python
 from .musa_rows import MAPPINGS, musa_env, needs_torchada
@@ -27,7 +27,7 @@ JIT = r"""
 import json, os
 import megatron_musa_patch, torch_musa
 from torch_musa.utils import musa_extension
-from megatron_musa_patch.ops.kernels import build
+from megatron_musa_patch.lib.ops.kernels import build
 build.build("musa")
 call = musa_extension.BUILDS[-1]
 call["wrappers"] = {os.path.basename(s): open(s).read() for s in call["sources"]
@@ -99,7 +99,7 @@ import json, pathlib, torch, torchada
 from torch.utils.cpp_extension import CUDAExtension
 from torch_musa.utils import musa_extension
 from torchada.utils.cpp_extension import _port_cuda_source
-from megatron_musa_patch.ops.kernels import sources
+from megatron_musa_patch.lib.ops.kernels import sources
 csrc = pathlib.Path(sources.csrc_dir())
 CUDAExtension("x", [str(csrc / sources.BINDING_SOURCE)] + [str(csrc / k) for k in
               sources.KERNEL_SOURCES], include_dirs=[str(csrc / "include")],

@@ -26,7 +26,7 @@ CHECK = textwrap.dedent("""
     import os, sys, types
     import megatron_musa_patch
     from dlrover.trainer.torch import elastic_run
-    from megatron_musa_patch import launch
+    from megatron_musa_patch.cli import launch
     seen = {}
     def supervised(script_args, max_restarts, elastic, **said):
         seen.update(said, script_args=script_args, max_restarts=max_restarts,

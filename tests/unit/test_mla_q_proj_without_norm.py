@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.errors import ArgumentError, FeatureUnavailableError
+from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
 from megatron_musa_patch.features import megatron_args, mla_q_proj_without_norm
 
 from .sessions import make_session

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from megatron_musa_patch import moe_balance as mb
+from megatron_musa_patch.lib import moe_balance as mb
 
 # 4 tokens, 4 experts, top-2. Devices (D=2): E_0 = {0, 1}, E_1 = {2, 3}.
 SCORES = torch.tensor([[0.4, 0.3, 0.2, 0.1],
@@ -125,7 +125,7 @@ def feature():
      "not divisible"),
 ])
 def test_bad_combinations_name_the_flags(feature, over, message):
-    from megatron_musa_patch.errors import ArgumentError
+    from megatron_musa_patch.core.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match=message.replace("-", r"\-")):
         feature.mmp_validate_args(args=_args(**over))

@@ -11,16 +11,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron_musa_patch import moe_balance
-from megatron_musa_patch.errors import ArgumentError, FeatureUnavailableError
-from megatron_musa_patch.features import (megatron_args, moe_balance_complementary,
-                                          moe_balance_group_score, moe_balance_topk_norm,
-                                          recompute, recompute_mla_rms, recompute_mlp_rms,
-                                          te_absent)
+from megatron_musa_patch.lib import moe_balance
+from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
+from megatron_musa_patch.features import megatron_args, recompute, te_absent
+from megatron_musa_patch.features.moe_device_balance import (complementary_seq_aux_loss as moe_balance_complementary,
+                                                             group_score as moe_balance_group_score,
+                                                             topk_prob_norm as moe_balance_topk_norm)
+from megatron_musa_patch.features.recompute import (mla_rms as recompute_mla_rms,
+                                                    mlp_rms as recompute_mlp_rms)
 from megatron_musa_patch.features.mt_megatron import (env_switches, router_flags,
                                                       tp_only_amax_red, virtual_pipeline,
                                                       wait_after_ckpt)
-from megatron_musa_patch.settings import Settings
+from megatron_musa_patch.core.settings import Settings
 
 from .sessions import make_session
 
@@ -406,7 +408,7 @@ def test_each_new_flag_is_refused_when_its_feature_is_switched_off(feature, argv
 def test_doctor_names_the_mt_switches_and_what_the_overlapped_shared_expert_gets():
     from ..conftest import run_python, subprocess_env
 
-    proc = run_python("import sys; from megatron_musa_patch.cli import main; "
+    proc = run_python("import sys; from megatron_musa_patch.cli.main import main; "
                       "sys.exit(main(['doctor']))",
                       env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
                                          ENABLE_ZERO_BUBBLE="1", USE_RECOMPUTE_VARIANCE="1"))

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from megatron_musa_patch.errors import ArgumentError
+from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.features import mtp_flags
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from megatron_musa_patch.features import cpu_offload
-from megatron_musa_patch.offload import dtypes
+from megatron_musa_patch.lib.offload import dtypes
 
 from ..conftest import run_python, subprocess_env
 
@@ -98,7 +98,7 @@ CONFIGS = r"""
 import json, torch
 import megatron_musa_patch
 from megatron.core.optimizer import OptimizerConfig
-from megatron_musa_patch.errors import ArgumentError
+from megatron_musa_patch.core.errors import ArgumentError
 out = {}
 cases = {
     "aware": dict(use_precision_aware_optimizer=True),

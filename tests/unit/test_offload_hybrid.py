@@ -16,7 +16,7 @@ SCRIPT = r"""
 import json, sys, torch
 import megatron_musa_patch
 from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
-from megatron_musa_patch.offload.counting import placement
+from megatron_musa_patch.lib.offload.counting import placement
 
 fraction, overlap, dtype = float(sys.argv[1]), sys.argv[2] == "1", getattr(torch, sys.argv[3])
 torch.manual_seed(0)

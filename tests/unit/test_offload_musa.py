@@ -18,8 +18,8 @@ import json, torch
 import megatron_musa_patch
 import torch_musa
 from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
-from megatron_musa_patch.offload import hybrid, partition
-from megatron_musa_patch.offload.counting import placement
+from megatron_musa_patch.lib.offload import hybrid, partition
+from megatron_musa_patch.lib.offload.counting import placement
 
 asked = []
 real_maker = partition.host_tensor_maker

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron_musa_patch.offload import partition
+from megatron_musa_patch.lib.offload import partition
 
 
 def groups(*sizes_per_group, dtype=torch.float32):
@@ -104,7 +104,7 @@ def test_hybrid_pins_host_copies_where_the_row_has_pinned_memory(monkeypatch, ro
                                                                  expected):
     import types
 
-    from megatron_musa_patch.offload import hybrid
+    from megatron_musa_patch.lib.offload import hybrid
 
     row = types.SimpleNamespace(name="fake", torch_type="cpu", pinned_memory=row_pins)
     asked = []

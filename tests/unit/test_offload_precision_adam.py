@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 
-from megatron_musa_patch.offload.precision_adam import PrecisionAwareAdamW
+from megatron_musa_patch.lib.offload.precision_adam import PrecisionAwareAdamW
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)

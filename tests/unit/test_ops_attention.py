@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from megatron_musa_patch.ops import attention as att
+from megatron_musa_patch.lib.ops import attention as att
 
 # fp32: the flash kernel reorders the sums; bf16: SDPA keeps fp32 statistics where the
 # reference rounds the scores and probabilities to bf16

@@ -6,7 +6,7 @@ references through the ops' public entry points (impl chosen by size)."""
 import pytest
 import torch
 
-from megatron_musa_patch.ops import dispatch, norm, rope, softmax, swiglu
+from megatron_musa_patch.lib.ops import dispatch, norm, rope, softmax, swiglu
 
 CHOOSERS = {  # op name in CPU_MIN_NUMEL -> (impl chooser, small choice, large choice)
     "rms_norm": (norm.rms_norm_impl, "native", "compile"),
@@ -29,7 +29,7 @@ def test_choice_switches_at_the_cutoff(op):
 
 @pytest.mark.parametrize("op", sorted(CHOOSERS))
 def test_forced_implementation_ignores_the_cutoff(op):
-    from megatron_musa_patch.ops import policy
+    from megatron_musa_patch.lib.ops import policy
 
     with policy.overridden(forced="compile"):
         assert CHOOSERS[op][0]("cpu", 1) == "compile"

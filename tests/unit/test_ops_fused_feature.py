@@ -4,9 +4,11 @@ tests/core/test_fused_ops.py and tests/stock/test_fusion_defaults.py)."""
 
 from types import SimpleNamespace
 
-from megatron_musa_patch.features import fused_ops
+from megatron_musa_patch.features import group
 
 from .sessions import make_session
+
+FUSIONS = group("fused_ops")
 
 DEFAULTS = dict(transformer_impl="local", gradient_accumulation_fusion=True,
                 no_persist_layer_norm=False, sequence_parallel=False, masked_softmax_fusion=True,
@@ -16,23 +18,23 @@ DEFAULTS = dict(transformer_impl="local", gradient_accumulation_fusion=True,
 def flags(**overrides):
     """What the fusions' FLAG_NEEDS tell a run to do with every fusion off: the fix per flag."""
     args = SimpleNamespace(**{**DEFAULTS, **overrides})
-    return [need.instead or f"remove {need.flag}" for plugin in fused_ops.PLUGINS
-            for need in getattr(plugin, "FLAG_NEEDS", ()) if need.applies(args, "cpu")]
+    return [need.instead or f"remove {need.flag}" for plugin in FUSIONS
+            for need in plugin.FEATURE.flag_needs if need.applies(args, "cpu")]
 
 
 def test_upstream_defaults_on_this_machine_need_these_flags():
-    assert flags() == ["add --no-gradient-accumulation-fusion", "add --no-persist-layer-norm",
-                       "add --no-rope-fusion"]
+    assert sorted(flags()) == ["add --no-gradient-accumulation-fusion",
+                               "add --no-persist-layer-norm", "add --no-rope-fusion"]
     assert "add --no-masked-softmax-fusion" in flags(bf16=True)  # fused only for 16-bit scores
     assert "add --no-rope-fusion" not in flags(position_embedding_type="learned_absolute")
     assert "remove --sequence-parallel" in flags(sequence_parallel=True)
 
 
 def test_each_fusion_is_its_own_switch():
-    names = {p.FEATURE for p in fused_ops.PLUGINS}
+    names = {p.FEATURE.name for p in FUSIONS}
     assert names == {"fused_ops.wgrad_accumulation", "fused_ops.norm", "fused_ops.softmax",
                      "fused_ops.rope", "fused_ops.swiglu"}
-    session = make_session(*fused_ops.PLUGINS, disable=("fused_ops.rope",))
+    session = make_session(*FUSIONS, disable=("fused_ops.rope",))
     assert [n for n in sorted(names) if session.why_unavailable(n)] == ["fused_ops.rope"]
 
 
@@ -42,7 +44,7 @@ def test_the_all_no_flags_run_needs_nothing():
 
 
 def test_records_target_each_fusion_point():
-    session = make_session(*fused_ops.PLUGINS)
+    session = make_session(*FUSIONS)
     registry = session.registry
     session.plugins.hook.mmp_register_patches(session=session, registry=registry,
                                               device=session.device)
@@ -63,7 +65,7 @@ def test_compiled_formulas_trace_whole_with_the_layer_active():
 
     code = """
 import megatron_musa_patch, torch
-from megatron_musa_patch.ops import softmax, norm, swiglu, rope
+from megatron_musa_patch.lib.ops import softmax, norm, swiglu, rope
 x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16); m = torch.ones(8, 8, dtype=torch.bool).triu(1)
 w, r, h = torch.ones(8), torch.ones(6, 1), x.reshape(-1, 8)[:6]
 cases = [(softmax._fwd, (x, m, 0.1)), (softmax._bwd, (x, x, 0.1)),

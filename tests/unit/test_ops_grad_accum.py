@@ -8,7 +8,7 @@ rounded to bf16/fp16 first; the rows strategy is bitwise the unfused gradient.""
 import pytest
 import torch
 
-from megatron_musa_patch.ops import grad_accum
+from megatron_musa_patch.lib.ops import grad_accum
 
 from .ops_cases import DEVICES
 

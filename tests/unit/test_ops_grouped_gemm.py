@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron_musa_patch.ops import grouped_gemm as gg
+from megatron_musa_patch.lib.ops import grouped_gemm as gg
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
        torch.float16: dict(atol=1e-2, rtol=1e-2)}
@@ -84,9 +84,9 @@ def test_no_rows_at_all():
 
 
 def test_choice_override():
-    from megatron_musa_patch.errors import SettingsError
-    from megatron_musa_patch.ops import policy
-    from megatron_musa_patch.settings import from_env
+    from megatron_musa_patch.core.errors import SettingsError
+    from megatron_musa_patch.lib.ops import policy
+    from megatron_musa_patch.core.settings import from_env
 
     assert gg.choice("cpu") == gg.PREFERRED["cpu"]
     with policy.overridden(**vars(policy.Policy.from_settings(

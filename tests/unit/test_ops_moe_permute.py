@@ -4,7 +4,7 @@ sort_chunks_by_idxs: same rows, same probabilities, same gradients (bitwise on C
 import pytest
 import torch
 
-from megatron_musa_patch.ops import moe_permute as mp
+from megatron_musa_patch.lib.ops import moe_permute as mp
 
 moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils")
 

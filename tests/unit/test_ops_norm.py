@@ -6,7 +6,7 @@ fp16 2e-3, fp32 2e-5), gradients x4 (reductions over rows)."""
 import pytest
 import torch
 
-from megatron_musa_patch.ops import norm
+from megatron_musa_patch.lib.ops import norm
 
 from .ops_cases import DEVICES, DTYPES, assert_close, grads, wave
 

@@ -9,9 +9,9 @@ from functools import partial
 import pytest
 import torch
 
-from megatron_musa_patch.binding import has_parameter
+from megatron_musa_patch.upstream.binding import has_parameter
 
-from megatron_musa_patch.ops import rope
+from megatron_musa_patch.lib.ops import rope
 
 from .ops_cases import DEVICES, assert_close, grads, wave
 

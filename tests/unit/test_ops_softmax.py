@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 
-from megatron_musa_patch.ops import softmax
+from megatron_musa_patch.lib.ops import softmax
 
 from .ops_cases import DEVICES, DTYPES, assert_close, grads, wave
 
@@ -55,7 +55,7 @@ def test_stand_in_module_convention():
     from types import ModuleType
 
     from megatron_musa_patch.features.fused_ops.softmax import filler as _softmax_filler
-    from megatron_musa_patch.ops import policy
+    from megatron_musa_patch.lib.ops import policy
 
     with policy.overridden(forced="eager"):  # the convention, not the compiler
         causal, masked = ModuleType("c"), ModuleType("m")

@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from megatron_musa_patch.ops import swiglu
+from megatron_musa_patch.lib.ops import swiglu
 
 from .ops_cases import DEVICES, DTYPES, assert_close, grads, wave
 

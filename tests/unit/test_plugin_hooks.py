@@ -3,10 +3,11 @@ typo that would never be called) is an error naming the plugin and the hook."""
 
 import pytest
 
-from megatron_musa_patch.errors import PluginError
-from megatron_musa_patch.hookspecs import hookimpl
-from megatron_musa_patch.plugins import make_manager
-from megatron_musa_patch.settings import Settings
+from megatron_musa_patch.core.errors import PluginError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import Feature
+from megatron_musa_patch.core.plugins import make_manager
+from megatron_musa_patch.core.settings import Settings
 
 
 class Misspelt:
@@ -55,8 +56,10 @@ def test_a_plugin_keeping_the_contract_registers():
 def test_every_builtin_feature_keeps_the_contract():
     from megatron_musa_patch.features import BUILTIN
 
-    pm = make_manager(Settings(), load_entry_points=False)
+    pm = make_manager(Settings(), BUILTIN, load_entry_points=False)
     names = [name for name, _ in pm.list_name_plugin()]
-    assert len(names) == len(set(names)) == len(BUILTIN) + 1  # + the built-in device choice
+    assert len(names) == len(set(names)) == len(BUILTIN)
     for module in BUILTIN:
-        assert module.FEATURE and isinstance(module.REQUIRED, bool) and module.DESCRIPTION
+        assert isinstance(module.FEATURE, Feature), module.__name__
+        assert module.FEATURE.name and module.FEATURE.description
+        assert isinstance(module.FEATURE.required, bool)

@@ -2,7 +2,7 @@
 
 import torch
 
-from megatron_musa_patch.recompute.accounting import SavedBytes
+from megatron_musa_patch.lib.recompute.accounting import SavedBytes
 
 
 def test_counts_what_autograd_saves_once_per_storage():

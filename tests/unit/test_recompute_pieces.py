@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from megatron_musa_patch.recompute import blocks
+from megatron_musa_patch.lib.recompute import blocks
 
 from ..conftest import run_python, subprocess_env
 
@@ -46,8 +46,8 @@ from tests.core.recompute_layer import init_single_rank
 init_single_rank()
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel import layers, random as tp_random
-from megatron_musa_patch.recompute import blocks, deferred
-from megatron_musa_patch.recompute.norm_output import NormOutput
+from megatron_musa_patch.lib.recompute import blocks, deferred
+from megatron_musa_patch.lib.recompute.norm_output import NormOutput
 
 tp_random.model_parallel_cuda_manual_seed(7)
 cfg = ModelParallelConfig(use_cpu_initialization=True, gradient_accumulation_fusion=False)
@@ -107,8 +107,8 @@ def normed(x, release):
 
 # a last linear that is not megatron-core's RowParallelLinear (e.g. TransformerEngine's)
 from types import SimpleNamespace
-from megatron_musa_patch.errors import FeatureUnavailableError
-from megatron_musa_patch.recompute import wrappers
+from megatron_musa_patch.core.errors import FeatureUnavailableError
+from megatron_musa_patch.lib.recompute import wrappers
 try:
     wrappers.last_linear(SimpleNamespace(linear_proj=torch.nn.Linear(2, 2)), "linear_proj")
     out["foreign_linear"] = "accepted"

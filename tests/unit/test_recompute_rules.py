@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.errors import ArgumentError
+from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.features import recompute as feature
-from megatron_musa_patch.recompute import rules
+from megatron_musa_patch.lib.recompute import rules
 
 
 def settings(**kw):
@@ -141,7 +141,7 @@ def test_validation_raises_one_paragraph_and_config_carries_the_flags():
 
 
 def test_a_config_set_in_code_is_checked_when_a_layer_runs():
-    from megatron_musa_patch.recompute import wrappers
+    from megatron_musa_patch.lib.recompute import wrappers
 
     from .sessions import make_session
 
@@ -159,8 +159,8 @@ def test_a_config_set_in_code_is_checked_when_a_layer_runs():
 
 
 def test_flags_of_a_broken_feature_fail_instead_of_doing_nothing():
-    from megatron_musa_patch.errors import FeatureUnavailableError
-    from megatron_musa_patch.recompute import wrappers
+    from megatron_musa_patch.core.errors import FeatureUnavailableError
+    from megatron_musa_patch.lib.recompute import wrappers
 
     from .sessions import make_session
 

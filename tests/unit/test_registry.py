@@ -10,8 +10,8 @@ import pytest
 
 from packaging.version import Version
 
-from megatron_musa_patch.errors import PatchError, PluginError
-from megatron_musa_patch.registry import Patch, Registry
+from megatron_musa_patch.core.errors import PatchError, PluginError
+from megatron_musa_patch.core.registry import Patch, Registry
 from megatron_musa_patch.upstream import installed as versions
 from megatron_musa_patch.upstream import tables
 
@@ -115,7 +115,7 @@ def test_activation_is_idempotent(fake_module):
 def test_device_condition_and_disabled_feature_skip_with_reasons(fake_module):
     name, _ = fake_module
     mod = importlib.import_module(name)
-    from megatron_musa_patch.toggles import decide
+    from megatron_musa_patch.core.toggles import decide
 
     reg = Registry("cpu", decide({"off": False, "test": False}, ["off"], None))
     reg.add(Patch("t.musa_only", f"{name}:VALUE", "attribute", 2, "test",

@@ -1,4 +1,4 @@
-"""The release is written once (megatron_musa_patch/version.py): the package, ``mmp --version``,
+"""The release is written once (megatron_musa_patch/core/version.py): the package, ``mmp --version``,
 the installed metadata and ``mmp doctor`` say the same; the licence setup.py declares ships."""
 
 import re
@@ -7,7 +7,7 @@ import sys
 from importlib.metadata import version as installed_version
 
 from megatron_musa_patch import __version__
-from megatron_musa_patch.cli import main
+from megatron_musa_patch.cli.main import main
 
 from ..conftest import REPO
 

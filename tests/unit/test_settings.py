@@ -3,9 +3,9 @@ the fix; and the hierarchical toggles decided from it."""
 
 import pytest
 
-from megatron_musa_patch import settings
-from megatron_musa_patch.errors import SettingsError
-from megatron_musa_patch.toggles import decide
+from megatron_musa_patch.core import settings
+from megatron_musa_patch.core.errors import SettingsError
+from megatron_musa_patch.core.toggles import decide
 
 from ..conftest import _LAYER_ENV
 

@@ -42,8 +42,8 @@ def test_a_module_with_triton_kernels_imports_and_its_kernels_explain(tmp_path):
 sys.path.insert(0, {str(tmp_path)!r})
 import types, importlib
 import fakepkg
-from megatron_musa_patch.triton_free import execute_without_triton
-from megatron_musa_patch.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.upstream.triton_free import execute_without_triton
+from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 module = types.ModuleType("fakepkg.kernels")
 sys.modules["fakepkg.kernels"] = module
 execute_without_triton(module, "the fake feature (--fake)")

@@ -4,7 +4,7 @@ logger hooks megatron-core's layers and records their outputs (0.18+)."""
 import pytest
 from packaging.version import Version
 
-from megatron_musa_patch.conditions import te_installed
+from megatron_musa_patch.upstream.conditions import te_installed
 
 from ..conftest import run_on_one_cpu_rank
 

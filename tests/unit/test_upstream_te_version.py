@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron_musa_patch.conditions import te_installed
+from megatron_musa_patch.upstream.conditions import te_installed
 
 from ..conftest import run_python, subprocess_env
 

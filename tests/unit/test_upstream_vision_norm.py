@@ -3,7 +3,7 @@ norms follow config.normalization, and a forward pass runs."""
 
 import pytest
 
-from megatron_musa_patch.conditions import te_installed
+from megatron_musa_patch.upstream.conditions import te_installed
 
 from ..conftest import printed_lines, run_on_one_cpu_rank
 

@@ -103,7 +103,7 @@ def check_built_alike(args, core) -> None:
     """MLA without a query LoRA saved without --mla-q-proj-without-norm: from megatron-core 0.19
     its query projection normalises its input (a weight DeepSeek-V2's config has no place for),
     and the export, which builds the model with the flag, would leave that norm behind."""
-    from ...upstream import facts
+    from megatron_musa_patch.upstream import facts
 
     fact = "mla_normalises_query_input_without_q_lora"
     if (getattr(args, "multi_latent_attention", False) and args.q_lora_rank is None

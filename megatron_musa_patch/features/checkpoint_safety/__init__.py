@@ -11,12 +11,7 @@ switch (``checkpoint_safety`` means all of them):
   stream.
 """
 
-from . import (atomic_tracker, exact_resume_rng, legacy_format_experts, no_rewrite_of_loaded,
-               tracker_check)
 from .atomic_tracker import AtomicTextFile  # noqa: F401 - used by tests and tools
 from .common import CheckpointError  # noqa: F401
 from .no_rewrite_of_loaded import loaded_latest_unchanged  # noqa: F401
 from .tracker_check import check_tracker, checkpoint_dirs  # noqa: F401
-
-PLUGINS = (atomic_tracker, tracker_check, no_rewrite_of_loaded, legacy_format_experts,
-           exact_resume_rng)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ...errors import MegatronMusaPatchError
+from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
 CHECKPOINTING = "megatron.training.checkpointing"
 TRACKER = "latest_checkpointed_iteration.txt"

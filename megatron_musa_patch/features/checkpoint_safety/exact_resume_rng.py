@@ -9,12 +9,11 @@ state as it found it there, in every run, so both see the same stream.
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "checkpoint_safety.exact_resume_rng"
-REQUIRED = False
-DESCRIPTION = "building the data iterators leaves the host RNG (the CPU row's dropout) untouched"
+FEATURE = feature(__name__, "building the data iterators leaves the host RNG (the CPU row's dropout) untouched")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -23,8 +22,8 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(registry, device):
     registry.add(Patch(
-        FEATURE, "megatron.training.training:build_train_valid_test_data_iterators", "wrap",
-        _keep_host_rng_state, FEATURE,
+        FEATURE.name, "megatron.training.training:build_train_valid_test_data_iterators", "wrap",
+        _keep_host_rng_state, FEATURE.name,
         condition=lambda: device.rng_shared_with_host or
         f"dropout on {device.name} draws from the device's own generator",
         why="the DataLoader's seed draw does not shift the dropout stream of a resumed run",

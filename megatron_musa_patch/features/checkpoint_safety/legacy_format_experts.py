@@ -9,12 +9,11 @@ with the fix.
 
 from __future__ import annotations
 
-from ...errors import ArgumentError
-from ...hookspecs import hookimpl
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "checkpoint_safety.legacy_format_experts"
-REQUIRED = False
-DESCRIPTION = "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved"
+FEATURE = feature(__name__, "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved")
 
 
 @hookimpl

@@ -12,15 +12,14 @@ import functools
 import os
 import sys
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
 from .common import CHECKPOINTING, TRACKER, msc_enabled
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "checkpoint_safety.no_rewrite_of_loaded"
-REQUIRED = False
-DESCRIPTION = "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing"
+FEATURE = feature(__name__, "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -29,8 +28,8 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(session, registry):
     registry.add(Patch(
-        FEATURE, f"{CHECKPOINTING}:save_checkpoint", "wrap",
-        functools.partial(_skip_rewrite_of_loaded_latest, session), FEATURE,
+        FEATURE.name, f"{CHECKPOINTING}:save_checkpoint", "wrap",
+        functools.partial(_skip_rewrite_of_loaded_latest, session), FEATURE.name,
         rebind=("megatron.training.training",),
         why="a job that trained nothing since loading does not rewrite that checkpoint in place",
         megatron=VERIFIED_MEGATRON))

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import re
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .common import CHECKPOINTING, CheckpointError, msc_enabled
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "checkpoint_safety.tracker_check"
-REQUIRED = False
-DESCRIPTION = "an unreadable tracker, or one naming a missing checkpoint, is an error"
+FEATURE = feature(__name__, "an unreadable tracker, or one naming a missing checkpoint, is an error")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -28,7 +27,7 @@ _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, f"{CHECKPOINTING}:read_metadata", "wrap", _read_metadata, FEATURE,
+        FEATURE.name, f"{CHECKPOINTING}:read_metadata", "wrap", _read_metadata, FEATURE.name,
         why="an unreadable tracker, or one naming a missing checkpoint, is an error "
             "(upstream exits with status 0)", megatron=VERIFIED_MEGATRON))
 

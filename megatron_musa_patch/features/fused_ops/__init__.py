@@ -1,4 +1,4 @@
-"""Upstream's fusion defaults on every device: the ``megatron_musa_patch.ops`` ops plugged into
+"""Upstream's fusion defaults on every device: the ``megatron_musa_patch.lib.ops`` ops plugged into
 megatron-core's fusion points where the CUDA extensions (Apex, TransformerEngine, Megatron's
 fused kernels) that upstream expects are missing, so no ``--no-*-fusion`` flag is needed.
 
@@ -17,8 +17,3 @@ functions): untouched. A fusion that is switched off (or failed) stops the run a
 validation with the ``--no-*`` flag to add instead of letting upstream fail later
 (``FLAG_NEEDS``).
 """
-
-
-from . import norm, rope, softmax, swiglu, wgrad_accumulation
-
-PLUGINS = (wgrad_accumulation, norm, softmax, rope, swiglu)

@@ -13,16 +13,14 @@ is installed without its CUDA extensions.
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...conditions import importable
-from ...flag_needs import FlagNeed
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import importable
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .spec import local_spec
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fused_ops.norm"
-REQUIRED = False
-DESCRIPTION = "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -33,7 +31,8 @@ def _local_without_apex(args) -> bool:
     return local_spec(args) and not importable("apex")
 
 
-FLAG_NEEDS = (
+FEATURE = feature(__name__, "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel",
+                  flag_needs=(
     FlagNeed("--persist-layer-norm",
              when=lambda args: _local_without_apex(args)
              and not getattr(args, "no_persist_layer_norm", True),
@@ -43,19 +42,19 @@ FLAG_NEEDS = (
              when=lambda args: _local_without_apex(args)
              and getattr(args, "sequence_parallel", False),
              because="the local spec's torch norms assert it off"),
-)
+))
 
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        f"{FEATURE}.local_norm", "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
-        "wrap", _local_norm, FEATURE,
+        f"{FEATURE.name}.local_norm", "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
+        "wrap", _local_norm, FEATURE.name,
         why="local norms: --persist-layer-norm is a kernel hint, --sequence-parallel marks "
             "the weights; forward/backward from ops.norm", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
-        _apex_layer_norm, FEATURE, condition=_apex_without_norm_kernels,
+        f"{FEATURE.name}.apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
+        _apex_layer_norm, FEATURE.name, condition=_apex_without_norm_kernels,
         why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm",
         megatron=VERIFIED_MEGATRON))
 
@@ -75,7 +74,7 @@ def _local_norm(wrapped, instance, args, kwargs):
     if (not fused or config.normalization not in ("LayerNorm", "RMSNorm")
             or config.layernorm_zero_centered_gamma or config.memory_efficient_layer_norm):
         return wrapped(*args, **kwargs)  # torch's norm, or upstream's assert naming the option
-    from ...ops import norm
+    from megatron_musa_patch.lib.ops import norm
 
     module = norm.RMSNorm if config.normalization == "RMSNorm" else norm.LayerNorm
     return module(hidden_size, eps=eps, sequence_parallel=bool(config.sequence_parallel))
@@ -89,7 +88,7 @@ def _apex_layer_norm(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     from megatron.core.utils import make_viewless_tensor
 
-    from ...ops import norm
+    from megatron_musa_patch.lib.ops import norm
 
     x = call_arguments(wrapped, args, kwargs)["input"]
     weight = instance.weight + 1 if instance.zero_centered_gamma else instance.weight

@@ -11,15 +11,13 @@ import functools
 import logging
 import sys
 
-from ...binding import call_arguments
-from ...conditions import te_installed, te_missing
-from ...flag_needs import FlagNeed
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import te_installed, te_missing
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fused_ops.rope"
-REQUIRED = False
-DESCRIPTION = "--rope-fusion without TransformerEngine (ops.rope)"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -34,41 +32,42 @@ def _uses_rope(args) -> bool:
             or getattr(args, "multi_latent_attention", False))
 
 
-FLAG_NEEDS = (FlagNeed(
+FEATURE = feature(__name__, "--rope-fusion without TransformerEngine (ops.rope)",
+                  flag_needs=(FlagNeed(
     "--rope-fusion",
     when=lambda args: getattr(args, "apply_rope_fusion", False) and _uses_rope(args)
     and not te_installed(),
     because="on by default with RoPE; upstream needs TransformerEngine for it",
-    instead="add --no-rope-fusion"),)
+    instead="add --no-rope-fusion"),))
 
 
 @hookimpl
 def mmp_register_patches(session, registry):
     for slot in SLOTS:
         registry.add(Patch(
-            f"{FEATURE}.{slot}", f"{ROPE}:{slot}", "attribute", _slot(slot), FEATURE,
+            f"{FEATURE.name}.{slot}", f"{ROPE}:{slot}", "attribute", _slot(slot), FEATURE.name,
             condition=lambda s=slot: _slot_empty(s),
             why="--rope-fusion without TransformerEngine: ops.rope", megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.apply_rotary_pos_emb", f"{ROPE}:apply_rotary_pos_emb", "wrap", _apply_rope,
-        FEATURE, condition=te_missing,
+        f"{FEATURE.name}.apply_rotary_pos_emb", f"{ROPE}:apply_rotary_pos_emb", "wrap", _apply_rope,
+        FEATURE.name, condition=te_missing,
         why="--rope-fusion: ops.rope with the unfused path's semantics (interleaved, thd, MLA)",
         megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.config_check", f"{CONFIG}:TransformerConfig.__post_init__", "wrap",
-        _config_with_our_rope, FEATURE, condition=te_missing,
+        f"{FEATURE.name}.config_check", f"{CONFIG}:TransformerConfig.__post_init__", "wrap",
+        _config_with_our_rope, FEATURE.name, condition=te_missing,
         why="--rope-fusion --rotary-interleaved: ops.rope handles it (upstream asks for TE 2.3)",
         megatron=VERIFIED_MEGATRON))
     registry.add(Patch(
-        f"{FEATURE}.mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
-        functools.partial(_mla_without_fused_rope, session.state_for(FEATURE, set)), FEATURE,
+        f"{FEATURE.name}.mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
+        functools.partial(_mla_without_fused_rope, session.state_for(FEATURE.name, set)), FEATURE.name,
         devices=frozenset({"cpu", "musa"}),
         why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here",
         megatron=VERIFIED_MEGATRON))
 
 
 def _slot(slot):
-    from ...ops import rope
+    from megatron_musa_patch.lib.ops import rope
 
     return getattr(rope, slot)
 
@@ -81,7 +80,7 @@ def _slot_empty(slot):
 
 
 def _ours_in_slot() -> bool:
-    from ...ops import rope
+    from megatron_musa_patch.lib.ops import rope
 
     module = sys.modules.get(ROPE)
     return module is not None and getattr(module, "fused_apply_rotary_pos_emb", None) is \
@@ -94,7 +93,7 @@ def _apply_rope(wrapped, instance, args, kwargs):
     mrope = getattr(config, "mrope_section", None) is not None
     if not (config.apply_rope_fusion and _ours_in_slot()) or mrope:
         return wrapped(*args, **kwargs)
-    from ...ops import rope
+    from megatron_musa_patch.lib.ops import rope
 
     # the MLA channel order: from 0.19 the caller says (mla_rotary_interleaved), before it the
     # config does (and 0.19 itself falls back to it when the caller passes None)

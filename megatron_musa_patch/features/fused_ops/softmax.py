@@ -5,35 +5,34 @@ them."""
 
 from __future__ import annotations
 
-from ...conditions import importable, missing
-from ...flag_needs import FlagNeed
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.conditions import importable, missing
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .spec import local_spec
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fused_ops.softmax"
-REQUIRED = False
-DESCRIPTION = "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULES = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
            "scaled_softmax_cuda")
 
-FLAG_NEEDS = (FlagNeed(
+FEATURE = feature(__name__, "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)",
+                  flag_needs=(FlagNeed(
     "--masked-softmax-fusion",
     when=lambda args: getattr(args, "masked_softmax_fusion", False)
     and (getattr(args, "fp16", False) or getattr(args, "bf16", False)) and local_spec(args)
     and not importable("scaled_masked_softmax_cuda"),
     because="on by default for fp16/bf16; upstream needs Megatron's scaled_masked_softmax_cuda",
-    instead="add --no-masked-softmax-fusion"),)
+    instead="add --no-masked-softmax-fusion"),))
 
 
 @hookimpl
 def mmp_register_patches(registry):
     for name in MODULES:
         registry.add(Patch(
-            f"{FEATURE}.{name}", f"{name}:*", "module", filler(name), FEATURE,
+            f"{FEATURE.name}.{name}", f"{name}:*", "module", filler(name), FEATURE.name,
             condition=lambda n=name: missing(n),
             why="--masked-softmax-fusion: fused scale+mask+softmax in fp32 (ops.softmax)",
             megatron=VERIFIED_MEGATRON))
@@ -42,7 +41,7 @@ def mmp_register_patches(registry):
 def filler(name):
     """Fills the stand-in module ``name`` with ``ops.softmax`` under the kernel's convention."""
     def fill(module):
-        from ...ops import softmax
+        from megatron_musa_patch.lib.ops import softmax
 
         def impl(x):
             return softmax.raw(softmax.softmax_impl(x.device.type, x.numel()))

@@ -5,13 +5,12 @@ every device, so switching this fusion off needs no flag."""
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fused_ops.swiglu"
-REQUIRED = False
-DESCRIPTION = "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)"
+FEATURE = feature(__name__, "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -20,8 +19,8 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
-        bias_swiglu, FEATURE, rebind=("megatron.core.transformer.mlp",
+        FEATURE.name, "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
+        bias_swiglu, FEATURE.name, rebind=("megatron.core.transformer.mlp",
                                       "megatron.core.transformer.moe.shared_experts"),
         why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)",
         megatron=VERIFIED_MEGATRON))
@@ -30,7 +29,7 @@ def mmp_register_patches(registry):
 def bias_swiglu(wrapped, instance, args, kwargs):
     call = call_arguments(wrapped, args, kwargs)
     x, bias = call["input"], call["bias"]
-    from ...ops import swiglu
+    from megatron_musa_patch.lib.ops import swiglu
 
     impl = swiglu.swiglu_impl(x.device.type, x.numel())
     if call.get("fp8_input_store") or call.get("cpu_offload_input") or (

@@ -4,38 +4,37 @@
 
 from __future__ import annotations
 
-from ...conditions import importable, missing, te_installed
-from ...flag_needs import FlagNeed
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.conditions import importable, missing, te_installed
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .spec import local_spec
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "fused_ops.wgrad_accumulation"
-REQUIRED = False
-DESCRIPTION = "--gradient-accumulation-fusion without Apex (ops.grad_accum)"
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULE = "fused_weight_gradient_mlp_cuda"
 
-FLAG_NEEDS = (FlagNeed(
+FEATURE = feature(__name__, "--gradient-accumulation-fusion without Apex (ops.grad_accum)",
+                  flag_needs=(FlagNeed(
     "--gradient-accumulation-fusion",
     when=lambda args: getattr(args, "gradient_accumulation_fusion", False)
     and not importable(MODULE) and not (te_installed() and not local_spec(args)),
     because=f"on by default; upstream needs Apex's {MODULE} for it",
-    instead="add --no-gradient-accumulation-fusion"),)
+    instead="add --no-gradient-accumulation-fusion"),))
 
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, f"{MODULE}:*", "module", _fill, FEATURE, condition=lambda: missing(MODULE),
+        FEATURE.name, f"{MODULE}:*", "module", _fill, FEATURE.name, condition=lambda: missing(MODULE),
         why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad",
         megatron=VERIFIED_MEGATRON))
 
 
 def _fill(module):
-    from ...ops import grad_accum
+    from megatron_musa_patch.lib.ops import grad_accum
 
     module.__doc__ = "megatron_musa_patch stand-in for Apex's gradient-accumulation fusion"
     module.wgrad_gemm_accum_fp32 = grad_accum.wgrad_gemm_accum_fp32

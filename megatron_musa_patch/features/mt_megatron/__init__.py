@@ -22,7 +22,3 @@ the device-level MoE losses (``moe_device_balance``), ``--moe-complementary-seq-
 (``moe_device_balance.complementary_seq_aux_loss``), ``--moe-router-norm-topk-prob``
 (``moe_device_balance.topk_prob_norm``), the MTP spellings (``mtp_flags``).
 """
-
-from . import env_switches, router_flags, tp_only_amax_red, virtual_pipeline, wait_after_ckpt
-
-PLUGINS = (router_flags, wait_after_ckpt, tp_only_amax_red, virtual_pipeline, env_switches)

@@ -14,11 +14,10 @@ import os
 import sys
 from typing import List, Optional
 
-from ...hookspecs import hookimpl
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mt_megatron.env_switches"
-REQUIRED = False
-DESCRIPTION = "MT-Megatron's environment switches: honoured, or named in one start-up warning"
+FEATURE = feature(__name__, "MT-Megatron's environment switches: honoured, or named in one start-up warning")
 
 _OFF = ("0", "false", "no", "off")
 
@@ -144,9 +143,9 @@ def warning(found: List[Verdict]) -> Optional[str]:
 
 @hookimpl
 def mmp_validate_args(args, session, device):
-    state = session.state_for(FEATURE, dict)
+    state = session.state_for(FEATURE.name, dict)
     if state.get("warned") or not session.settings.mt_env or \
-            session.why_unavailable(FEATURE) is not None:
+            session.why_unavailable(FEATURE.name) is not None:
         return
     state["warned"] = True
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS")

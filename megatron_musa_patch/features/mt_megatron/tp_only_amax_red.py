@@ -7,12 +7,11 @@ Without FP8 (``--fp8-format``) or FP4 there is no amax to reduce: refused, namin
 
 from __future__ import annotations
 
-from ...errors import ArgumentError
-from ...hookspecs import hookimpl
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mt_megatron.tp_only_amax_red"
-REQUIRED = False
-DESCRIPTION = "--tp-only-amax-red: FP8 amax reduced over the TP group only (config field)"
+FEATURE = feature(__name__, "--tp-only-amax-red: FP8 amax reduced over the TP group only (config field)")
 
 
 @hookimpl

@@ -11,14 +11,11 @@ stages' sizes and the flag to give instead.
 
 from __future__ import annotations
 
-from ...errors import ArgumentError
-from ...flag_needs import FlagNeed
-from ...hookspecs import hookimpl
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.flag_needs import FlagNeed
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mt_megatron.virtual_pipeline"
-REQUIRED = False
-DESCRIPTION = ("--num-layers-per-virtual-pipeline-stage with an uneven pipeline "
-               "(--decoder-first/last-pipeline-num-layers): virtual stages per rank")
 
 
 def _uneven_with_layers_per_stage(args) -> bool:
@@ -29,10 +26,12 @@ def _uneven_with_layers_per_stage(args) -> bool:
                  or getattr(args, "decoder_last_pipeline_num_layers", None) is not None))
 
 
-FLAG_NEEDS = (FlagNeed(
+FEATURE = feature(__name__, "--num-layers-per-virtual-pipeline-stage with an uneven pipeline "
+               "(--decoder-first/last-pipeline-num-layers): virtual stages per rank",
+                  flag_needs=(FlagNeed(
     "--num-layers-per-virtual-pipeline-stage", when=_uneven_with_layers_per_stage,
     because="with --decoder-first/last-pipeline-num-layers; Megatron-LM asserts for that pair",
-    instead="give --num-virtual-stages-per-pipeline-rank instead"),)
+    instead="give --num-virtual-stages-per-pipeline-rank instead"),))
 
 
 def stage_layers(num_layers: int, stages: int, first, last):

@@ -14,15 +14,15 @@ import functools
 import os
 import time
 
-from ...binding import call_arguments
-from ...errors import ArgumentError
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "mt_megatron.wait_after_ckpt"
-REQUIRED = False
-DESCRIPTION = "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)"
+FEATURE = feature(__name__, "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)",
+                  after=("checkpoint_safety.no_rewrite_of_loaded",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -46,8 +46,8 @@ def mmp_validate_args(args):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE}.save", f"{CHECKPOINTING}:save_checkpoint",
-                       "wrap", functools.partial(after_save, time.sleep), FEATURE,
+    registry.add(Patch(f"{FEATURE.name}.save", f"{CHECKPOINTING}:save_checkpoint",
+                       "wrap", functools.partial(after_save, time.sleep), FEATURE.name,
                        rebind=("megatron.training.training", "megatron.training.utils"),
                        why="--wait-after-ckpt: wait after each checkpoint save",
                        megatron=VERIFIED_MEGATRON))

@@ -33,15 +33,3 @@ and its own record in ``mmp doctor``:
 
 Each module's docstring says what upstream does and what the fix changes.
 """
-
-from . import (activation_logging_without_te, adam_step_after_init_state,
-               checkpoint_without_output_fp8, distopt_load_no_grad,
-               distopt_step_counters, expert_bias_out_of_place, experts_reduced_over_expert_dp,
-               ft_warmup_iters, log_loss_reset, moe_te_general_gemm, optimizer_lr_unset,
-               optimizer_step_on_load, te_version, vision_norm_without_te, writer_metadata_path)
-
-PLUGINS = (checkpoint_without_output_fp8, moe_te_general_gemm, te_version, distopt_step_counters,
-           distopt_load_no_grad, expert_bias_out_of_place, experts_reduced_over_expert_dp,
-           log_loss_reset, optimizer_lr_unset, optimizer_step_on_load, adam_step_after_init_state,
-           vision_norm_without_te, writer_metadata_path, activation_logging_without_te,
-           ft_warmup_iters)

@@ -12,21 +12,20 @@ types ``_register_hooks`` matches, which leaves torch's and megatron-core's own 
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...conditions import te_missing
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import te_missing
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.activation_logging_without_te"
-REQUIRED = False
-DESCRIPTION = "activation logging matches megatron-core's layers without TE (TE's are mocks then)"
+FEATURE = feature(__name__, "activation logging matches megatron-core's layers without TE (TE's are mocks then)")
 
 
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.training.activation_logging:_register_hooks", "wrap",
-        _only_classes, FEATURE, condition=te_missing, megatron=">=0.18,<0.20",
+        FEATURE.name, "megatron.training.activation_logging:_register_hooks", "wrap",
+        _only_classes, FEATURE.name, condition=te_missing, megatron=">=0.18,<0.20",
         starts="megatron.training.activation_logging arrives in 0.18",
         why="without TE its TE layer 'classes' are MagicMock instances, which isinstance refuses"))
 

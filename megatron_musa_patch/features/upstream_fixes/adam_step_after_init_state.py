@@ -12,13 +12,12 @@ filled before any step, what torch's Adam itself would have made of a fresh stat
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.adam_step_after_init_state"
-REQUIRED = False
-DESCRIPTION = ("torch's Adam steps moments init_state_fn filled before any step, as FusedAdam "
+FEATURE = feature(__name__, "torch's Adam steps moments init_state_fn filled before any step, as FusedAdam "
                "does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -32,8 +31,8 @@ def mmp_register_patches(registry):
     # distributed one through MixedPrecisionOptimizer's)
     for owner in ("MixedPrecisionOptimizer", "FP32Optimizer"):
         registry.add(Patch(
-            f"{FEATURE}.{owner}", f"{OPTIMIZER}:{owner}.step_with_ready_grads", "wrap",
-            _step_with_complete_states, FEATURE,
+            f"{FEATURE.name}.{owner}", f"{OPTIMIZER}:{owner}.step_with_ready_grads", "wrap",
+            _step_with_complete_states, FEATURE.name,
             why="torch's Adam wants a 'step' wherever it finds moments; init_state_fn fills "
                 "the moments only", megatron=VERIFIED_MEGATRON))
 

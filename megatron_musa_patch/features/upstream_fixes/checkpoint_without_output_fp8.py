@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import sys
 
-from ...binding import call_arguments
-from ...conditions import te_missing
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import te_missing
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.checkpoint_without_output_fp8"
-REQUIRED = False
-DESCRIPTION = "CheckpointWithoutOutput without TE does not take its fp8 branch"
+FEATURE = feature(__name__, "CheckpointWithoutOutput without TE does not take its fp8 branch")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -23,7 +22,7 @@ RANDOM = "megatron.core.tensor_parallel.random"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, f"{RANDOM}:CheckpointWithoutOutput.__init__", "wrap", _init, FEATURE,
+        FEATURE.name, f"{RANDOM}:CheckpointWithoutOutput.__init__", "wrap", _init, FEATURE.name,
         condition=te_missing,
         why="fp8=False/None means no fp8; without TE there is no fp8 at all",
         megatron=VERIFIED_MEGATRON))

@@ -5,12 +5,12 @@ leaf Variable that requires grad is being used in an in-place operation"): the c
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.distopt_load_no_grad"
-REQUIRED = False
-DESCRIPTION = "fp32 distributed-optimizer state loads into parameter views without autograd"
+FEATURE = feature(__name__, "fp32 distributed-optimizer state loads into parameter views without autograd",
+                  after=("upstream_fixes.distopt_step_counters",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -19,9 +19,9 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.core.optimizer.distrib_optimizer:"
+        FEATURE.name, "megatron.core.optimizer.distrib_optimizer:"
         "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _without_grad,
-        FEATURE, why="fp32 main params are views of grad-requiring params: copy without autograd",
+        FEATURE.name, why="fp32 main params are views of grad-requiring params: copy without autograd",
         megatron=VERIFIED_MEGATRON))
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import sys
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.distopt_step_counters"
-REQUIRED = False
-DESCRIPTION = "per-parameter optimizer steps survive checkpoint loads without Apex/TE"
+FEATURE = feature(__name__, "per-parameter optimizer steps survive checkpoint loads without Apex/TE")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -33,8 +32,8 @@ _NO_STEP_YET = "_mmp_no_step_yet"
 @hookimpl
 def mmp_register_patches(registry):
     def add(pid, method, impl, why):
-        registry.add(Patch(f"{FEATURE}.{pid}", f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
-                           impl, FEATURE, condition=_without_apex_or_te, why=why,
+        registry.add(Patch(f"{FEATURE.name}.{pid}", f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
+                           impl, FEATURE.name, condition=_without_apex_or_te, why=why,
                            megatron=VERIFIED_MEGATRON))
 
     add("state_dict_before_first_step", "state_dict", _state_dict_before_first_step,

@@ -6,13 +6,12 @@ is added out of place instead: the same sum, one new tensor."""
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.expert_bias_out_of_place"
-REQUIRED = False
-DESCRIPTION = "MoE experts with biases: the scaled fc2 bias is added out of place"
+FEATURE = feature(__name__, "MoE experts with biases: the scaled fc2 bias is added out of place")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -21,7 +20,7 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.core.transformer.mlp:MLP.forward", "wrap", _forward, FEATURE,
+        FEATURE.name, "megatron.core.transformer.mlp:MLP.forward", "wrap", _forward, FEATURE.name,
         why="MoE experts with biases: the scaled fc2 bias is added out of place (upstream's "
             "in-place add on the TP reduction's output fails in autograd)",
             megatron=VERIFIED_MEGATRON))

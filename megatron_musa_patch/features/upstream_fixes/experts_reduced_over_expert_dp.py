@@ -9,13 +9,12 @@ the optimizer and the norm treat them as upstream does with EP > 1."""
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream.facts import fixed_upstream
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.facts import fixed_upstream
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.experts_reduced_over_expert_dp"
-REQUIRED = False
-DESCRIPTION = "EP1 with ETP != TP: expert gradients reduced over the expert-data-parallel group"
+FEATURE = feature(__name__, "EP1 with ETP != TP: expert gradients reduced over the expert-data-parallel group")
 
 
 @hookimpl
@@ -23,8 +22,8 @@ def mmp_register_patches(registry):
     until, ends = fixed_upstream("experts_split_unlike_dense_reduced_over_expert_dp",
                                  since="0.16.1")
     registry.add(Patch(
-        FEATURE, "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
-        _mark_experts, FEATURE, megatron=until, ends=ends,
+        FEATURE.name, "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
+        _mark_experts, FEATURE.name, megatron=until, ends=ends,
         why="EP1 with ETP != TP: expert gradients are reduced over the expert-data-parallel "
             "group (upstream leaves out the tensor-parallel ranks)"))
 

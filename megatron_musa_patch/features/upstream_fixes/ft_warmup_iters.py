@@ -17,12 +17,11 @@ from __future__ import annotations
 import importlib.util
 import inspect
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.ft_warmup_iters"
-REQUIRED = False
-DESCRIPTION = ("--enable-ft-package with nvidia-resiliency-ext 0.4.1: its rank monitor client "
+FEATURE = feature(__name__, "--enable-ft-package with nvidia-resiliency-ext 0.4.1: its rank monitor client "
                "is started without num_warmup_iters, which it lacks")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -33,7 +32,7 @@ NVRX = "nvidia_resiliency_ext"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.training.ft_integration:setup", "wrap", _setup, FEATURE,
+        FEATURE.name, "megatron.training.ft_integration:setup", "wrap", _setup, FEATURE.name,
         why="nvidia-resiliency-ext 0.4.1's RankMonitorClient takes no num_warmup_iters",
         megatron=VERIFIED_MEGATRON))
 

@@ -17,14 +17,13 @@ not reset, as upstream does.
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream_args import args_read_by
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.args import args_read_by
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.log_loss_reset"
-REQUIRED = False
-DESCRIPTION = "a job's first logged iteration on the log interval resets the loss accumulator"
+FEATURE = feature(__name__, "a job's first logged iteration on the log interval resets the loss accumulator")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -33,7 +32,7 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.training.training:training_log", "wrap", _training_log, FEATURE,
+        FEATURE.name, "megatron.training.training:training_log", "wrap", _training_log, FEATURE.name,
         why="a first iteration on the log interval is a regular log line: reset after it",
         megatron=VERIFIED_MEGATRON))
 

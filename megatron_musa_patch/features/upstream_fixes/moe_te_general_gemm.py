@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import sys
 
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream.facts import fixed_upstream
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.facts import fixed_upstream
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.moe_te_general_gemm"
-REQUIRED = False
-DESCRIPTION = "moe_utils.te_general_gemm defined (None) without TE"
+FEATURE = feature(__name__, "moe_utils.te_general_gemm defined (None) without TE")
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 
 
@@ -20,7 +19,7 @@ MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("moe_utils_defines_te_names", since="0.16.1")
     registry.add(Patch(
-        FEATURE, f"{MOE_UTILS}:te_general_gemm", "attribute", None, FEATURE, create=True,
+        FEATURE.name, f"{MOE_UTILS}:te_general_gemm", "attribute", None, FEATURE.name, create=True,
         condition=_undefined, megatron=until, ends=ends,
         why="define the name the router tests for (None: use torch.mm)"))
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import sys
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.optimizer_lr_unset"
-REQUIRED = False
-DESCRIPTION = "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does"
+FEATURE = feature(__name__, "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -32,8 +31,8 @@ _PLACEHOLDER_LR = 0.0
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
-        _build_with_lr_unset, FEATURE,
+        FEATURE.name, f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
+        _build_with_lr_unset, FEATURE.name,
         why="torch's optimizers reject lr=None in their constructor; TE's/Apex's keep it",
         megatron=VERIFIED_MEGATRON))
 

@@ -12,14 +12,13 @@ step the others share, else 0 -- the step its checkpoint was saved at.
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.optimizer_step_on_load"
-REQUIRED = False
-DESCRIPTION = "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does"
+FEATURE = feature(__name__, "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -30,8 +29,8 @@ OPTIMIZER = "megatron.core.optimizer.optimizer"
 def mmp_register_patches(registry):
     for owner in ("FP32Optimizer", "Float16OptimizerWithFloat16Params"):
         registry.add(Patch(
-            f"{FEATURE}.{owner}", f"{OPTIMIZER}:{owner}.load_state_dict", "wrap",
-            _load_with_steps, FEATURE,
+            f"{FEATURE.name}.{owner}", f"{OPTIMIZER}:{owner}.load_state_dict", "wrap",
+            _load_with_steps, FEATURE.name,
             why="torch's Adam refuses a loaded state without 'step'; megatron-core saves none "
                 "at step 0", megatron=VERIFIED_MEGATRON))
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from ...conditions import te_missing
-from ...hookspecs import hookimpl
-from ...registry import Patch
-from ...upstream.facts import fixed_upstream
+from megatron_musa_patch.upstream.conditions import te_missing
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.upstream.facts import fixed_upstream
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.te_version"
-REQUIRED = False
-DESCRIPTION = "get_te_version / is_te_min_version answer 'no TE' (version 0.0.0) without TE"
+FEATURE = feature(__name__, "get_te_version / is_te_min_version answer 'no TE' (version 0.0.0) without TE")
 
 #: what 0.17+ answers without TE
 NO_TE_VERSION = Version("0.0.0")
@@ -32,7 +31,7 @@ NO_TE_VERSION = Version("0.0.0")
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("te_version_without_te", since="0.16.1")
     registry.add(Patch(
-        FEATURE, "megatron.core.utils:get_te_version", "wrap", _no_te_version, FEATURE,
+        FEATURE.name, "megatron.core.utils:get_te_version", "wrap", _no_te_version, FEATURE.name,
         condition=te_missing, megatron=until, ends=ends,
         why="no TE means no TE version is new enough (what 0.17 answers: 0.0.0)"))
 

@@ -12,14 +12,13 @@ norm without Apex, which takes that signature and, like ``TENorm``, follows
 
 from __future__ import annotations
 
-from ...binding import call_arguments
-from ...conditions import te_missing
-from ...hookspecs import hookimpl
-from ...registry import Patch
+from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.upstream.conditions import te_missing
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.feature import feature
 
-FEATURE = "upstream_fixes.vision_norm_without_te"
-REQUIRED = False
-DESCRIPTION = "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)"
+FEATURE = feature(__name__, "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -29,8 +28,8 @@ NORM_PARAMETERS = ("ln_pre_impl", "ln_post_impl")
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(
-        FEATURE, "megatron.core.models.vision.clip_vit_model:CLIPViTModel.__init__", "wrap",
-        _init_with_buildable_norms, FEATURE, condition=te_missing,
+        FEATURE.name, "megatron.core.models.vision.clip_vit_model:CLIPViTModel.__init__", "wrap",
+        _init_with_buildable_norms, FEATURE.name, condition=te_missing,
         why="torch.nn.LayerNorm, the default without TE, cannot be built with config=",
         megatron=VERIFIED_MEGATRON))
 

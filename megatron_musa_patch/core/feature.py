@@ -1,0 +1,93 @@
+"""A feature's declaration: its name, what it is, what needs it, and what it is ordered after.
+
+A built-in feature module says ``FEATURE = feature(__name__, "...")``: its name is its path under
+``megatron_musa_patch.features`` (``features/fused_ops/rope.py`` is ``fused_ops.rope``), so a
+toggle, a row of ``mmp patches`` and a module are one name. An external plugin may declare
+``FEATURE = Feature("name", "...")`` or, in the older form, a string with ``REQUIRED``,
+``DESCRIPTION`` and ``FLAG_NEEDS`` beside it; :func:`declaration` reads both.
+
+Order: pluggy calls the last-registered plugin's hooks first, so a feature registered after
+another has its hooks called before the other's, and its patches registered and applied first:
+where both wrap one upstream function, its wrapper ends up *inside* the other's. ``after`` names
+the features it must follow (a name that is only a group's: all of its features); :func:`ordered` is the registration order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import PluginError
+
+FEATURES_PACKAGE = "megatron_musa_patch.features"
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    name: str
+    description: str
+    #: device and collective plumbing that every run needs (kept by ``..._ONLY``)
+    required: bool = False
+    #: the Megatron flags that work only through this feature (``core.flag_needs.FlagNeed``)
+    flag_needs: Tuple[Any, ...] = ()
+    #: features or groups registered before this one (see the module docstring)
+    after: Tuple[str, ...] = ()
+
+
+def feature(module_name: str, description: str, *, required: bool = False,
+            flag_needs: Sequence[Any] = (), after: Sequence[str] = ()) -> Feature:
+    """The declaration of the built-in feature defined by module ``module_name``."""
+    prefix = FEATURES_PACKAGE + "."
+    if not module_name.startswith(prefix):
+        raise PluginError(f"feature() is for modules under {FEATURES_PACKAGE} ({module_name} is "
+                          f"not one); an external plugin declares Feature('name', ...).")
+    return Feature(module_name[len(prefix):], description, required, tuple(flag_needs),
+                   tuple(after))
+
+
+def declaration(plugin: Any) -> Optional[Feature]:
+    """What ``plugin`` declares, or None for an object that is not a feature."""
+    declared = getattr(plugin, "FEATURE", None)
+    if declared is None or isinstance(declared, Feature):
+        return declared
+    return Feature(str(declared), getattr(plugin, "DESCRIPTION", ""),
+                   bool(getattr(plugin, "REQUIRED", False)),
+                   tuple(getattr(plugin, "FLAG_NEEDS", ())))
+
+
+def ordered(plugins: Iterable[Any]) -> List[Any]:
+    """The plugins in registration order: each after what its ``after`` names; otherwise by name.
+
+    A name in ``after`` that matches no feature, or a cycle, is refused: an ordering that quietly
+    stopped applying would change which wrapper sits outside which."""
+    by_name: Dict[str, Any] = {}
+    for plugin in plugins:
+        by_name[declaration(plugin).name] = plugin
+    decl = {name: declaration(p) for name, p in by_name.items()}
+    preds: Dict[str, set] = {name: set() for name in by_name}
+    for name, d in decl.items():
+        for wanted in d.after:
+            # a feature of that name, else the group of that name
+            matched = [wanted] if wanted in by_name else [
+                o for o in by_name if o != name and o.startswith(wanted + ".")]
+            if not matched:
+                raise PluginError(f"feature '{name}' is declared after '{wanted}', which names no "
+                                  f"feature; fix the name in its feature(..., after=...).")
+            preds[name].update(matched)
+    ready = [n for n, p in preds.items() if not p]
+    heapq.heapify(ready)
+    order: List[str] = []
+    while ready:
+        name = heapq.heappop(ready)
+        order.append(name)
+        for other, p in preds.items():
+            if name in p:
+                p.discard(name)
+                if not p:
+                    heapq.heappush(ready, other)
+    if len(order) != len(by_name):
+        stuck = sorted(set(by_name) - set(order))
+        raise PluginError(f"features {', '.join(stuck)} are ordered after each other (a cycle in "
+                          f"their after=...); remove one of the declarations.")
+    return [by_name[n] for n in order]
