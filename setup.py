@@ -148,7 +148,7 @@ setup(
         "checkpoint": ["safetensors>=0.4", "transformers>=5", "tqdm"],
         # click and requests: upstream's tests/unit_tests/conftest.py imports them, and
         # pytest-mock's `mocker` fixture its pipeline-schedule tests take
-        # (benchmarks/conformance.py runs those tests through the layer); pytest-xdist: the
+        # (tools/conformance runs those tests through the layer); pytest-xdist: the
         # suite's files run on every core (most of a file's time is one process waiting on
         # its ranks, so one file at a time leaves a 2-core machine half idle); setuptools and
         # wheel: the build requirements, for pip's resolver dry run in this environment
@@ -161,7 +161,7 @@ setup(
         # the rest of upstream's own test dependencies that its tests/unit_tests import
         # (pyproject.toml's `test` group, and of its `training` extra wandb, which
         # megatron/rl/rl_utils.py imports, and omegaconf, which megatron.training.config's
-        # YAML round trip needs): for benchmarks/conformance.py --set all
+        # YAML round trip needs): for python -m tools.conformance --set all
         "conformance": ["nltk", "pytest-asyncio", "mock", "msgpack", "absl-py", "pyzmq",
                         "tensorboard", "nvtx", "wandb", "omegaconf",
                         "emerging-optimizers; python_version >= '3.12'"],

@@ -18,7 +18,8 @@ import time
 import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/
+from tools.machine import describe  # noqa: E402
 
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
 

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import megatron_musa_patch  # noqa: E402,F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MIB = 2 ** 20

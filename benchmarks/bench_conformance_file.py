@@ -32,9 +32,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "conformance_worker.py"
+WORKER = HERE.parent / "tools" / "conformance" / "ranks" / "conformance_worker.py"
 sys.path.insert(0, str(HERE))
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 
 
 def run_once(python: str, lm_path: Path, test_file: str, kexpr: str, nproc: int, env_extra: dict,

@@ -1,5 +1,5 @@
 """How much of a conformance file's time is its ranks' start-up? The same upstream test files run
-through benchmarks/conformance.py's runner, side by side in one run: ranks started by torchrun
+through tools/conformance's runner, side by side in one run: ranks started by torchrun
 (the reference: N fresh interpreters) against ranks forked from one process that has imported
 megatron-core (``--launcher fork``), alternating so that machine drift hits both. Prints wall
 and CPU seconds per file and launcher, the ratios, and whether every test had the same outcome
@@ -21,14 +21,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import conformance  # noqa: E402
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.conformance import render, runner, tables  # noqa: E402
+from tools.machine import describe  # noqa: E402
 
 
 def timed_run(python: str, lm_path: Path, test_file: str, nproc: int, launcher: str) -> dict:
     """One run of the file: the runner's result with the CPU seconds of everything it started."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = conformance.run_file(python, lm_path, test_file, nproc, timeout=900.0,
+    result = runner.run_file(python, lm_path, test_file, nproc, timeout=900.0,
                                   env_extra={}, launcher=launcher)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["cpu"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -51,15 +52,15 @@ def main(argv=None) -> int:
         parser.error(f"--lm-path {args.lm_path}: not a Megatron-LM checkout with tests/unit_tests")
     lm_path = Path(args.lm_path).resolve()
     python = os.path.abspath(args.python) if os.sep in args.python else args.python
-    release = conformance.describe_release(python, lm_path)
+    release = render.describe_release(python, lm_path)
     print(f"bench_conformance_launch: megatron-core {release['megatron_core']}, {args.nproc} "
           f"ranks; {describe(release['python'], release['torch'])}", flush=True)
     same_everywhere = True
     wall_ratios, cpu_ratios = [], []
     for test_file in args.files:
-        runs = {launcher: [] for launcher in conformance.LAUNCHERS}
+        runs = {launcher: [] for launcher in tables.LAUNCHERS}
         for _ in range(args.runs):
-            for launcher in conformance.LAUNCHERS:
+            for launcher in tables.LAUNCHERS:
                 runs[launcher].append(timed_run(python, lm_path, test_file, args.nproc,
                                                 launcher))
         reference = outcomes(runs["torchrun"][0])

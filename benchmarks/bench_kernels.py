@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from machine import describe  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/
+from tools.machine import describe  # noqa: E402
 from megatron_musa_patch.device.select import builtin_select  # noqa: E402
 from megatron_musa_patch.lib.ops import kernels  # noqa: E402
 

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 
 from megatron_musa_patch.lib.ops import grad_accum, norm, rope, softmax, swiglu  # noqa: E402
 

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import megatron_musa_patch  # noqa: E402,F401 - activates before Megatron is imported
 
 import torch  # noqa: E402
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 
 from tests.core import recompute_layer as rl  # noqa: E402
 

@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 from tests.stock.runner import run_stock  # noqa: E402
 
 # big enough that an iteration is compute, small enough for a 2-core machine

@@ -48,7 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from machine import describe  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+from tools.machine import describe  # noqa: E402
 
 ENTRY = ROOT / "benchmarks" / "e2e_entry.py"
 MMP = ("import sys; sys.path.insert(0, %r); import _megatron_musa_patch_boot as boot; boot.cli()"

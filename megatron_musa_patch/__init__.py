@@ -6,7 +6,6 @@ Megatron. ``mmp run`` and ``MEGATRON_MUSA_PATCH=1`` reach the same ``activate()`
 Public API: :func:`activate`, :func:`active_session`, :func:`report`, :func:`deactivate` (tests).
 """
 
-import os as _os
 import sys as _sys
 
 from .activation import activate, active_session, deactivate, is_active  # noqa: F401

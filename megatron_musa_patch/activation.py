@@ -74,6 +74,7 @@ def activate(settings: Optional[settings_module.Settings] = None,
 
     from .core import plugins
     from .device import adapter
+    from .device.rows import ROWS
     from .device.select import BuiltinDeviceChoice, mapping
     from .features import BUILTIN
     from .lib.ops import dispatch
@@ -81,7 +82,7 @@ def activate(settings: Optional[settings_module.Settings] = None,
 
     pm = plugins.make_manager(settings, BUILTIN, device_choice=BuiltinDeviceChoice())
     name = pm.hook.mmp_select_device(requested=settings.device, settings=settings)
-    if name not in ("musa", "cpu", "cuda"):
+    if name not in ROWS:
         raise DeviceSelectionError(f"a plugin chose the unknown device {name!r}")
     device = mapping(name)
     torch_mapping = adapter.choose(settings, device, tada_imported_here)
@@ -95,7 +96,7 @@ def activate(settings: Optional[settings_module.Settings] = None,
     release_check.check_training_source(session.lm_path)
     registry = Registry(device.name, plugins.toggles(pm, settings),
                         allow_unverified=settings.allow_unverified, version_of=session.version_of,
-                        torch_version=installed.torch_version())
+                        torch_version=installed.torch_version(), rows=tuple(ROWS))
     registry.scan_for_copies = bool(late)
     session.registry = registry
     pm.hook.mmp_register_patches(session=session, registry=registry, device=device)

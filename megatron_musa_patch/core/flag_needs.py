@@ -32,12 +32,12 @@ class FlagNeed:
     because: str = ""
     #: what to do instead of switching the feature back on; default "remove <flag>"
     instead: str = ""
-    #: the device rows where the flag needs the feature (default: all; upstream may serve the
+    #: the device rows where the flag needs the feature (None: all; upstream may serve the
     #: flag itself on CUDA)
-    devices: FrozenSet[str] = frozenset({"musa", "cpu", "cuda"})
+    devices: Optional[FrozenSet[str]] = None
 
     def applies(self, args, device: str) -> bool:
-        if device not in self.devices:
+        if self.devices is not None and device not in self.devices:
             return False
         test = self.when or _given(self.flag.lstrip("-").replace("-", "_"))
         return bool(test(args))

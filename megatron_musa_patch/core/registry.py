@@ -27,7 +27,7 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import wrapt
 
@@ -39,7 +39,6 @@ from megatron_musa_patch.upstream.ranges import Range
 logger = logging.getLogger("megatron_musa_patch")
 
 KINDS = ("wrap", "replace", "attribute", "module")
-ALL_DEVICES = frozenset({"musa", "cpu", "cuda"})
 APPLIED, DEFERRED, SKIPPED, FAILED = "applied", "deferred", "skipped", "failed"
 #: applied on a release outside the record's verified range (a release added to a table since,
 #: or one outside the tables under MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED)
@@ -66,7 +65,8 @@ class Patch:
     kind: str
     impl: Any
     feature: str
-    devices: frozenset = ALL_DEVICES
+    #: the device rows the record is for (names from the device table); None: every row
+    devices: Optional[frozenset] = None
     #: the megatron-core releases the record applies to and was verified on, a range with both
     #: bounds (``">=0.16.1,<0.20"``, ``upstream/ranges.py``): the lower bound is where it starts
     #: to apply, the upper the first release it was not verified on. A release after it shows
@@ -96,9 +96,6 @@ class Patch:
             raise RecordError(f"patch {self.id}: kind must be one of {KINDS}, not {self.kind!r}")
         if ":" not in self.target:
             raise RecordError(f"patch {self.id}: target must look like 'module:Qual.name'")
-        if not set(self.devices) <= ALL_DEVICES:
-            raise RecordError(
-                f"patch {self.id}: unknown devices {set(self.devices) - ALL_DEVICES}")
         _check_range(self, "megatron", self.megatron, tables.MEGATRON)
         if self.torch is None and self.module.split(".")[0] == "torch":
             raise RecordError(
@@ -107,6 +104,9 @@ class Patch:
                 f"was verified on")
         if self.torch is not None:
             _check_range(self, "torch", self.torch, tables.TORCH)
+
+    def for_device(self, name: str) -> bool:
+        return self.devices is None or name in self.devices
 
     @property
     def key(self) -> Tuple[str, str, Optional[str]]:
@@ -171,8 +171,11 @@ class Registry:
     def __init__(self, device: str, toggles: Optional[Toggles] = None,
                  allow_unverified: bool = False,
                  version_of: Optional[Callable[[str], Any]] = None,
-                 torch_version: Any = _MISSING):
+                 torch_version: Any = _MISSING, rows: Sequence[str] = ()):
         self.device = device
+        #: the device table's row names (activation hands them down), for the records'
+        #: ``devices``; empty: not checked (unit tests' registries)
+        self.rows = tuple(rows)
         #: module name -> the installed Megatron version its patches are gated on
         self.version_of = version_of or (lambda module: installed.version_for_target(module, None))
         #: the installed torch, which torch ranges are gated on
@@ -192,6 +195,10 @@ class Registry:
 
     # ------------------------------------------------------------------ records
     def add(self, patch: Patch) -> None:
+        if self.rows and patch.devices is not None and not patch.devices <= set(self.rows):
+            raise RecordError(f"patch {patch.id}: unknown devices "
+                              f"{sorted(patch.devices - set(self.rows))} (the device rows: "
+                              f"{', '.join(self.rows)})")
         for other in self._variants(patch.id):
             if _overlap(other.megatron, patch.megatron) and _overlap(other.torch, patch.torch):
                 raise ValueError(
@@ -255,7 +262,7 @@ class Registry:
 
     def _gate(self, patch: Patch) -> Optional[str]:
         """Why the patch is not to be applied here, or None."""
-        if self.device not in patch.devices:
+        if not patch.for_device(self.device):
             return f"not needed on {self.device} (applies on {', '.join(sorted(patch.devices))})"
         if self.toggles.is_off(patch.feature):
             return f"feature '{patch.feature}' {self.toggles.why(patch.feature)}"
@@ -457,6 +464,10 @@ class Registry:
         if not rows:
             raise KeyError(patch_id)
         return next((r for r in rows if r.status in IN_EFFECT), rows[0])
+
+    def devices_of(self, patch: Patch) -> List[str]:
+        """The rows ``patch`` is for, by name."""
+        return sorted(self.rows if patch.devices is None else patch.devices)
 
     def switched_off(self, feature: str) -> bool:
         return self.toggles.is_off(feature)

@@ -93,7 +93,7 @@ def resolutions(state) -> List[dict]:
         status, detail = state.registry.resolve(patch)
         out.append({"id": patch.id, "megatron": patch.megatron, "torch": patch.torch or "",
                     "target": patch.target, "feature": patch.feature,
-                    "devices": sorted(patch.devices), "for_this_release": verdict in IN_EFFECT,
+                    "devices": state.registry.devices_of(patch), "for_this_release": verdict in IN_EFFECT,
                     "verified": verdict == APPLIED, "unverified_because": why
                     if verdict == UNVERIFIED else "", "status": status, "detail": detail})
     return out

@@ -91,7 +91,7 @@ def choose(settings, device, imported_by_layer: bool):
 
 
 def _torch_level(patch, row: str) -> bool:
-    return row in patch.devices and patch.module.split(".")[0] == "torch"
+    return patch.for_device(row) and patch.module.split(".")[0] == "torch"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Megatron is written against ``torch.cuda``, the ``"cuda"`` device string and the ``nccl``
 backend. A :class:`DeviceMapping` says what those mean on one device: which torch device type, which
 module implements the ``torch.cuda`` API, which collective backend. Everything that rewrites
-Megatron's view (``features/device_swap.py``, ``features/collectives.py``) reads the row, so the
+Megatron's view (``features/device.py``, ``features/collectives.py``) reads the row, so the
 code CI exercises on the CPU row is the code that runs on the MUSA row.
 """
 
@@ -46,6 +46,11 @@ class DeviceMapping:
 
     def module(self) -> Any:
         return self.load_module()
+
+    def jit_mode(self, setting: str) -> str:
+        """What ``@jit_fuser`` does here: ``setting`` (MEGATRON_MUSA_PATCH_JIT), auto = the
+        row's own default."""
+        return self.jit_default if setting == "auto" else setting
 
     # -------------------------------------------------------- device-string mapping
     def translate(self, device: Any) -> Any:

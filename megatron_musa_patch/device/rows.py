@@ -56,3 +56,6 @@ CUDA = DeviceMapping(
 )
 
 ROWS = {row.name: row for row in (MUSA, CPU, CUDA)}
+
+#: the rows that rewrite Megatron's CUDA spellings (every row but CUDA's own)
+OFF_CUDA = frozenset(name for name, row in ROWS.items() if row.rewrites_cuda)

@@ -32,9 +32,12 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 
-FEATURE = feature(__name__, "nccl mapped to the device's collective backend (mccl on MUSA, gloo on CPU)",
-                  required=True)
+FEATURE = feature(
+    __name__,
+    "nccl mapped to the device's collective backend (mccl on MUSA, gloo on CPU)",
+    required=True)
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -45,7 +48,7 @@ BACKEND_CHOICES = ("nccl", "mccl", "gloo")
 
 @hookimpl
 def mmp_register_patches(session, registry, device):
-    devices = frozenset({"musa", "cpu"})
+    devices = OFF_CUDA
     why = f"backend 'nccl' runs on {device.backend}"
     records = [
         Patch("collectives.init_process_group", "torch.distributed:init_process_group", "replace",
@@ -64,7 +67,7 @@ def mmp_register_patches(session, registry, device):
           for name in ("new_subgroups_by_enumeration", "new_subgroups")),
         Patch("collectives.get_backend", "torch.distributed:get_backend", "replace",
               _over_torch("get_backend", functools.partial(_get_backend, device)), FEATURE.name,
-              devices=frozenset({"musa"}), strict=True,
+              devices=frozenset({MUSA.name}), strict=True,
               condition=lambda: bool(device.backend_alias) or "no backend alias",
               why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}",
               megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH),
@@ -72,7 +75,7 @@ def mmp_register_patches(session, registry, device):
     registry.extend(session.torch_mapping.arbitrate(records))
     registry.add(Patch("collectives.isend_private_copy",
                        "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
-                       FEATURE.name, devices=frozenset({"cpu"}), strict=True,
+                       FEATURE.name, devices=frozenset({CPU.name}), strict=True,
                        rebind=("torch.distributed",),
                        why="gloo reads a send buffer until the send completes; Megatron "
                            "frees pipeline outputs right after isend (stream-ordered on GPUs)",
@@ -81,20 +84,20 @@ def mmp_register_patches(session, registry, device):
                        ("reduce_scatter_tensor", _scatter_as_gloo_shapes)):
         registry.add(Patch(f"collectives.{name}_shapes",
                            f"torch.distributed.distributed_c10d:{name}", "wrap", impl, FEATURE.name,
-                           devices=frozenset({"cpu"}), strict=True, rebind=("torch.distributed",),
+                           devices=frozenset({CPU.name}), strict=True, rebind=("torch.distributed",),
                            why="gloo wants the large tensor in dim-0 chunks of the small one's "
                                "shape; NCCL and MCCL take any shapes of the right sizes "
                                "(Megatron gathers 2-D shards into flat buffers)",
                                megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
     registry.add(Patch("collectives.all_gather_uneven", "torch.distributed.distributed_c10d:"
                        "all_gather", "wrap", _gather_uneven_as_gloo, FEATURE.name,
-                       devices=frozenset({"cpu"}), strict=True, rebind=("torch.distributed",),
+                       devices=frozenset({CPU.name}), strict=True, rebind=("torch.distributed",),
                        why="gloo wants every output of the input's shape; NCCL gathers shards "
                            "of different sizes (Megatron-FSDP's uneven DTensors)",
                            megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
     registry.add(Patch("collectives.autograd_all_to_all",
                        "torch.distributed.nn.functional:_AlltoAll.forward", "wrap",
-                       _all_to_all_point_to_point, FEATURE.name, devices=frozenset({"cpu"}),
+                       _all_to_all_point_to_point, FEATURE.name, devices=frozenset({CPU.name}),
                        strict=True,
                        why="torch's autograd all_to_all on gloo is a loop of scatters that names "
                            "each source by its group rank as if it were a global rank (wrong on "
@@ -129,7 +132,7 @@ def _init_process_group(device, wrapped, instance, args, kwargs):
     if kwargs.get("device_id") is not None:
         device_id = device.translate(kwargs["device_id"])
         # binding a process group to a device only exists for accelerator backends
-        kwargs["device_id"] = None if device.torch_type == "cpu" else device_id
+        kwargs["device_id"] = None if device.name == CPU.name else device_id
     result = wrapped(*args, **kwargs)
     if kwargs["backend"] == "gloo":
         atexit.register(_destroy_if_initialized)

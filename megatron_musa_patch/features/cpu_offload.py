@@ -32,6 +32,7 @@ from megatron_musa_patch.lib.offload import dtypes as dtype_rules
 from megatron_musa_patch.lib.offload import hybrid
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import OFF_CUDA
 
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -48,10 +49,14 @@ def te_missing() -> bool:
     return not te_installed()
 
 
-FEATURE = feature(__name__, "optimizer CPU offload (HybridDeviceOptimizer) on every device; the "
-               "precision-aware optimizer without TransformerEngine",
-                  flag_needs=(
-    FlagNeed("--optimizer-cpu-offload", devices=frozenset({"musa", "cpu"}),
+# after the distributed-optimizer fixes: its wrappers of the optimizer's state methods sit inside
+# theirs
+FEATURE = feature(
+    __name__,
+    "optimizer CPU offload (HybridDeviceOptimizer) on every device; the precision-aware "
+    "optimizer without TransformerEngine",
+    flag_needs=(
+    FlagNeed("--optimizer-cpu-offload", devices=OFF_CUDA,
              because="upstream's HybridDeviceOptimizer tells device from host tensors by "
                      ".is_cuda, so off CUDA it offloads nothing and then fails"),
     FlagNeed("--use-precision-aware-optimizer",
@@ -59,7 +64,9 @@ FEATURE = feature(__name__, "optimizer CPU offload (HybridDeviceOptimizer) on ev
              and te_missing(),
              because="upstream's precision-aware Adam is TransformerEngine's FusedAdam"),
 ),
-                  after=("upstream_fixes.distopt_load_no_grad", "upstream_fixes.distopt_step_counters", "upstream_fixes.optimizer_lr_unset"))
+    after=("upstream_fixes.distopt_load_no_grad",
+           "upstream_fixes.distopt_step_counters",
+           "upstream_fixes.optimizer_lr_unset"))
 
 
 @hookimpl

@@ -26,11 +26,13 @@ from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch, patches_at
 from megatron_musa_patch.upstream.triton_free import execute_without_triton
-from .device import jit_mode
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import OFF_CUDA
 
-FEATURE = feature(__name__, "Megatron-LM start-up without make, nvcc or triton where they are not needed",
-                  required=True)
+FEATURE = feature(
+    __name__,
+    "Megatron-LM start-up without make, nvcc or triton where they are not needed",
+    required=True)
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -40,7 +42,7 @@ BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kerne
 
 @hookimpl
 def mmp_register_patches(session, registry, device):
-    eager = jit_mode(device, session.settings.jit) == "eager"
+    eager = device.jit_mode(session.settings.jit) == "eager"
     registry.add(Patch(
         f"{FEATURE.name}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
         _compile_helpers_if_missing, FEATURE.name,
@@ -48,7 +50,7 @@ def mmp_register_patches(session, registry, device):
         megatron=VERIFIED_MEGATRON))
     registry.extend(patches_at(
         "legacy_fused_kernels_load", f"{FEATURE.name}.fused_kernels_load", "replace",
-        _no_fused_kernels, FEATURE.name, devices=frozenset({"musa", "cpu"}),
+        _no_fused_kernels, FEATURE.name, devices=OFF_CUDA,
         why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA",
         megatron=VERIFIED_MEGATRON))
     registry.add(Patch(

@@ -24,8 +24,10 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--data-path pairs checked at start-up: present, undamaged, token ids within the " \
-              "tokenizer's vocabulary")
+FEATURE = feature(
+    __name__,
+    "--data-path pairs checked at start-up: present, undamaged, token ids within the "
+    "tokenizer's vocabulary")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

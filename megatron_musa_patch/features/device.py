@@ -22,15 +22,17 @@ import torch
 
 from megatron_musa_patch.lib.compiling import compile_with_fallback
 from megatron_musa_patch.device import torch_api
+from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 from megatron_musa_patch.core.errors import TorchMappingError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to the selected device",
-                  required=True)
+FEATURE = feature(
+    __name__,
+    "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to the selected device",
+    required=True)
 
-OFF_CUDA = frozenset({"musa", "cpu"})
 
 #: the releases this feature's records were verified on (docs/compatibility.md); the torch-level
 #: records follow torch's own objects, and reach its private names (torch._C)
@@ -95,7 +97,7 @@ def _device_string_patches(device):
     yield _strict("device.tensor.to", "torch:Tensor.to", "replace",
                   torch_api.tensor_to(device, tensor("to")), why)
     yield _strict("device.tensor.cuda", "torch:Tensor.cuda", "replace",
-                  torch_api.tensor_cuda(device, tensor("cuda")), why)
+                  torch_api.tensor_cuda(device, torch_api.original_tensor_method("cuda")), why)
     yield _strict("device.module.to", "torch.nn:Module.to", "replace",
                   torch_api.module_to(device, torch.nn.Module.to), why)
     yield _strict("device.module.cuda", "torch.nn:Module.cuda", "replace",
@@ -113,18 +115,18 @@ def _device_string_patches(device):
                   why)
     yield _strict("device.tensor.is_cuda", "torch:Tensor.is_cuda", "attribute",
                   torch_api.is_cuda_property(device),
-                  "Megatron's .is_cuda gates mean 'on the accelerator'", devices={"musa"})
+                  "Megatron's .is_cuda gates mean 'on the accelerator'", devices=frozenset({MUSA.name}))
     yield _strict("device.tensor.pin_memory", "torch:Tensor.pin_memory", "replace",
                   torch_api.tensor_pin_memory(device, tensor("pin_memory")),
                   "no page-locked memory without an accelerator: host data is already host data",
-                  devices={"cpu"})
+                  devices=frozenset({CPU.name}))
     yield _strict("device.dataloader_pin_memory", "torch.utils.data:DataLoader.__init__", "wrap",
                   _dataloader_without_pinning,
                   "no page-locked memory without an accelerator (avoids a warning per rank)",
-                  devices={"cpu"})
+                  devices=frozenset({CPU.name}))
     yield _strict("device.tensor.record_stream", "torch:Tensor.record_stream", "replace",
                   torch_api.tensor_record_stream(device, tensor("record_stream")),
-                  "CPU streams complete synchronously: nothing to keep alive", devices={"cpu"})
+                  "CPU streams complete synchronously: nothing to keep alive", devices=frozenset({CPU.name}))
     # a CUDA build of torch (what pip gives on Python 3.12) names CUDA as its accelerator even
     # without a GPU; with torch.cuda answering for the CPU, torch's own code (the optimizers'
     # graph-capture check) would then call into CUDA: here there is no accelerator, as with a
@@ -132,7 +134,7 @@ def _device_string_patches(device):
     for name, value in (("current_accelerator", _no_accelerator), ("is_available", _false)):
         yield _strict(f"device.accelerator.{name}", f"torch.accelerator:{name}", "replace", value,
                       "the CPU row has no accelerator, whatever torch was built for",
-                      devices={"cpu"}, condition=lambda: _torch_names_an_accelerator())
+                      devices=frozenset({CPU.name}), condition=lambda: _torch_names_an_accelerator())
 
 
 def _no_accelerator(check_available: bool = False):
@@ -160,11 +162,11 @@ def _megatron_patches(device):
     yield Patch(
         "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
         "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE.name,
-        devices=frozenset({"cpu"}), strict=True, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+        devices=frozenset({CPU.name}), strict=True, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
     yield Patch(
         "device.inference_broadcast_on_host", "megatron.core.inference.communication_utils:"
-        "_is_cuda", "replace", _on_the_host, FEATURE.name, devices=frozenset({"cpu"}), strict=True,
+        "_is_cuda", "replace", _on_the_host, FEATURE.name, devices=frozenset({CPU.name}), strict=True,
         megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
         why="inference with pipeline parallelism asserts .is_cuda before broadcasting the "
             "logits and tokens between stages; on the CPU row they are host tensors")
@@ -237,7 +239,7 @@ def _host_rng_patches(device):
         return device.rng_shared_with_host or f"the {device.name} generator is not the host's"
 
     def record(pid, target, impl, why):
-        return Patch(pid, target, "wrap", impl, FEATURE.name, devices=frozenset({"cpu"}),
+        return Patch(pid, target, "wrap", impl, FEATURE.name, devices=frozenset({CPU.name}),
                      strict=True, condition=shared, why=why, megatron=VERIFIED_MEGATRON,
                      torch=VERIFIED_TORCH)
 
@@ -277,13 +279,8 @@ def _on_host_rng(device, wrapped, args, kwargs):
 # ----------------------------------------------------------------------------- @jit_fuser
 
 
-def jit_mode(device, setting: str) -> str:
-    """What ``@jit_fuser`` does: ``setting`` (MEGATRON_MUSA_PATCH_JIT), auto = the row's own."""
-    return device.jit_default if setting == "auto" else setting
-
-
 def _jit_patches(device, setting: str):
-    mode = jit_mode(device, setting)
+    mode = device.jit_mode(setting)
     upstream = mode == "compile" and not device.rewrites_cuda
 
     def needed():

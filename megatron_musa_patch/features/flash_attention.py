@@ -43,8 +43,10 @@ logger = logging.getLogger("megatron_musa_patch")
 ANNOUNCEMENT = ("megatron_musa_patch: --use-flash-attn: core attention runs through "
                 "scaled_dot_product_attention")
 
-FEATURE = feature(__name__, "--use-flash-attn on the local spec: core attention through SDPA",
-                  flag_needs=(FlagNeed(
+FEATURE = feature(
+    __name__,
+    "--use-flash-attn on the local spec: core attention through SDPA",
+    flag_needs=(FlagNeed(
     "--use-flash-attn",
     when=lambda args: getattr(args, "use_flash_attn", False)
     and not getattr(args, "use_legacy_models", False)

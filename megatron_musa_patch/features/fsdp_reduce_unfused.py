@@ -17,9 +17,12 @@ import copy
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import CPU
 
-FEATURE = feature(__name__, "CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of "
-               "NCCL's PREMUL_SUM, which gloo does not have")
+FEATURE = feature(
+    __name__,
+    "CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of NCCL's "
+    "PREMUL_SUM, which gloo does not have")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -32,7 +35,7 @@ FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_
 @hookimpl
 def mmp_register_patches(registry):
     registry.add(Patch(f"{FEATURE.name}.preprocessing", f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
-                       "wrap", _without_div_fusion, FEATURE.name, devices=frozenset({"cpu"}),
+                       "wrap", _without_div_fusion, FEATURE.name, devices=frozenset({CPU.name}),
                        why="gradient_reduce_div_fusion reduces with NCCL's PREMUL_SUM, which "
                            "gloo does not have", megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
 

@@ -26,9 +26,12 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "a rank that stops making progress ends itself (with its stack) within " \
-              "--hang-timeout, so torchrun can restart the group",
-                  after=("throughput",))
+# after throughput: its deadline wraps train() inside throughput's wrapper
+FEATURE = feature(
+    __name__,
+    "a rank that stops making progress ends itself (with its stack) within --hang-timeout, so "
+    "torchrun can restart the group",
+    after=("throughput",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -20,9 +20,12 @@ import os
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import CPU
 
-FEATURE = feature(__name__, "CPU row: gloo process groups connect on first use, as NCCL's communicators "
-               "do (TORCH_GLOO_LAZY_INIT around group creation)")
+FEATURE = feature(
+    __name__,
+    "CPU row: gloo process groups connect on first use, as NCCL's communicators do "
+    "(TORCH_GLOO_LAZY_INIT around group creation)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -37,7 +40,7 @@ def mmp_register_patches(registry):
     # megatron-core's HyperCommGrid through those; init_process_group does not
     registry.add(Patch(f"{FEATURE.name}.new_group", "torch.distributed.distributed_c10d:"
                        "_new_group_with_tag", "wrap", _lazily, FEATURE.name,
-                       devices=frozenset({"cpu"}),
+                       devices=frozenset({CPU.name}),
                        why="Megatron makes tens of groups and uses few; NCCL connects a group "
                            "on its first collective, gloo now too",
                            megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))

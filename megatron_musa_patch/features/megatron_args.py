@@ -22,8 +22,10 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch, patches_at
 from megatron_musa_patch.core.feature import declaration, feature
 
-FEATURE = feature(__name__, "plugin argument groups and validation inside Megatron's parse_args/validate_args",
-                  required=True)
+FEATURE = feature(
+    __name__,
+    "plugin argument groups and validation inside Megatron's parse_args/validate_args",
+    required=True)
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -90,19 +92,19 @@ def check_flag_needs(session, args) -> None:
     """Flags in effect whose feature is switched off or broken are an error: one paragraph
     naming every such flag."""
     found = []
-    for feature, plugin in session.plugins.list_name_plugin():
+    for name, plugin in session.plugins.list_name_plugin():
         declared = declaration(plugin)
         if declared is None:
             continue  # a blocked plugin, or the built-in device choice
-        why = session.why_unavailable(feature)
+        why = session.why_unavailable(name)
         if why is None:
             continue
-        for action in session.flag_owners.get(feature, ()):
+        for action in session.flag_owners.get(name, ()):
             if getattr(args, action.dest, action.default) != action.default:
-                found.append((_flag_name(action), feature, why, "", ""))
+                found.append((_flag_name(action), name, why, "", ""))
         for need in declared.flag_needs:
             if need.applies(args, session.device.name):
-                found.append((need.flag, feature, why, need.because, need.instead))
+                found.append((need.flag, name, why, need.because, need.instead))
     if found:
         raise unavailable_errors(found)
 

@@ -40,8 +40,10 @@ from megatron_musa_patch.core.feature import feature
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
-FEATURE = feature(__name__, "--multi-latent-attention with the local (no TransformerEngine) attention",
-                  flag_needs=(FlagNeed("--multi-latent-attention",
+FEATURE = feature(
+    __name__,
+    "--multi-latent-attention with the local (no TransformerEngine) attention",
+    flag_needs=(FlagNeed("--multi-latent-attention",
                        when=lambda args: getattr(args, "multi_latent_attention", False)
                        and getattr(args, "transformer_impl", "local") == "local",
                        because="on the local spec upstream's MLA passes arguments the local "

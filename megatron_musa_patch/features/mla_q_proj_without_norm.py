@@ -18,8 +18,10 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream import facts
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--mla-q-proj-without-norm (MLA without a query LoRA: no norm before the query "
-               "projection, as DeepSeek-V2-Lite and megatron-core before 0.19)")
+FEATURE = feature(
+    __name__,
+    "--mla-q-proj-without-norm (MLA without a query LoRA: no norm before the query projection, "
+    "as DeepSeek-V2-Lite and megatron-core before 0.19)")
 
 #: what the record undoes, and from which release megatron-core does it
 FACT = "mla_normalises_query_input_without_q_lora"

@@ -65,14 +65,18 @@ def _grouped_gemm_needs_us(args) -> bool:
         getattr(args, "transformer_impl", "local") == "local" or not te_installed())
 
 
-FEATURE = feature(__name__, "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm",
-                  flag_needs=(
+# after recompute: its checkpoint of GroupedMLP.forward then re-runs this feature's wrapper (the
+# bf16 assertion bypass) in backward too; after megatron_args: inside its validate_args wrapper
+FEATURE = feature(
+    __name__,
+    "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm",
+    flag_needs=(
     FlagNeed("--moe-permute-fusion", when=_permute_fusion_needs_us,
              because="upstream needs TransformerEngine for it"),
     FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
              because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
 ),
-                  after=("recompute", "megatron_args"))
+    after=("recompute", "megatron_args"))
 
 
 @hookimpl

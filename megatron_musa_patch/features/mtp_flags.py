@@ -12,7 +12,9 @@ from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)")
+FEATURE = feature(
+    __name__,
+    "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)")
 
 # upstream's default for --mtp-loss-scaling-factor: only a different value counts as "given"
 UPSTREAM_SCALING_DEFAULT = 0.1

@@ -24,9 +24,12 @@ import functools
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import CPU
 
-FEATURE = feature(__name__, "destroy_model_parallel destroys the gloo groups initialize_model_parallel made "
-               "(CPU row), instead of leaving their sockets and threads behind")
+FEATURE = feature(
+    __name__,
+    "destroy_model_parallel destroys the gloo groups initialize_model_parallel made (CPU row), "
+    "instead of leaving their sockets and threads behind")
 
 #: the releases this feature's records were verified on (docs/compatibility.md); it reads
 #: torch's private registry of process groups (distributed_c10d._world)
@@ -73,7 +76,7 @@ def _registered():
 @hookimpl
 def mmp_register_patches(registry):
     groups = ModelParallelGroups()
-    record = functools.partial(Patch, feature=FEATURE.name, devices=frozenset({"cpu"}),
+    record = functools.partial(Patch, feature=FEATURE.name, devices=frozenset({CPU.name}),
                                megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH)
     registry.add(record(f"{FEATURE.name}.initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
                         "wrap", groups.record_initialize,

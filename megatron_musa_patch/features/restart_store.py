@@ -32,7 +32,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "a group torchrun restarts gets store keys of its own (no stale peer addresses)")
+FEATURE = feature(
+    __name__,
+    "a group torchrun restarts gets store keys of its own (no stale peer addresses)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -21,8 +21,10 @@ from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "without TransformerEngine: --transformer-impl transformer_engine stops with one "
-               "paragraph; --tp-comm-overlap is dropped with a warning")
+FEATURE = feature(
+    __name__,
+    "without TransformerEngine: --transformer-impl transformer_engine stops with one paragraph;"
+    " --tp-comm-overlap is dropped with a warning")
 
 
 def paragraph(device: str) -> str:

@@ -30,8 +30,11 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import CPU
 
-FEATURE = feature(__name__, "tokens/s per device and MFU in the training log (FLOPs counted for the model)")
+FEATURE = feature(
+    __name__,
+    "tokens/s per device and MFU in the training log (FLOPs counted for the model)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -99,7 +102,7 @@ def _prepare(resolved: dict, device, margs) -> None:
     why = ""
     if getattr(margs, "device_peak_tflops", None):
         peak = Peak(margs.device_peak_tflops, dtype, "--device-peak-tflops")
-    elif device.name == "cpu":
+    elif device.name == CPU.name:
         import torch
 
         distributed = torch.distributed.is_initialized()

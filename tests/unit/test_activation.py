@@ -184,3 +184,15 @@ def test_activation_imports_no_megatron_module():
                       "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("value, active", [("0", False), ("off", False), ("no", False),
+                                           ("1", True), ("on", True)])
+def test_autoactivate_takes_every_spelling_the_settings_take(value, active):
+    """MEGATRON_MUSA_PATCH_AUTOACTIVATE has one reader (core.settings.autoactivate): 'off' stops
+    the import's activation as '0' does (it was accepted by the settings and then ignored)."""
+    proc = run_python("import megatron_musa_patch as m; print(m.is_active())",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
+                                         MEGATRON_MUSA_PATCH_AUTOACTIVATE=value))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == str(active)

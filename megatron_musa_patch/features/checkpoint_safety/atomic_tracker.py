@@ -22,7 +22,9 @@ from megatron_musa_patch.core.registry import patches_at
 from .common import TRACKER, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "latest_checkpointed_iteration.txt replaced atomically, never truncated in place")
+FEATURE = feature(
+    __name__,
+    "latest_checkpointed_iteration.txt replaced atomically, never truncated in place")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -13,7 +13,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "building the data iterators leaves the host RNG (the CPU row's dropout) untouched")
+FEATURE = feature(
+    __name__,
+    "building the data iterators leaves the host RNG (the CPU row's dropout) untouched")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

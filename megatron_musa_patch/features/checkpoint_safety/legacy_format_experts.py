@@ -13,7 +13,9 @@ from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved")
+FEATURE = feature(
+    __name__,
+    "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved")
 
 
 @hookimpl

@@ -19,7 +19,9 @@ from megatron_musa_patch.upstream.args import args_read_by
 from .common import CHECKPOINTING, TRACKER, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing")
+FEATURE = feature(
+    __name__,
+    "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -17,7 +17,9 @@ from megatron_musa_patch.core.registry import Patch
 from .common import CHECKPOINTING, CheckpointError, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "an unreadable tracker, or one naming a missing checkpoint, is an error")
+FEATURE = feature(
+    __name__,
+    "an unreadable tracker, or one naming a missing checkpoint, is an error")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -31,8 +31,10 @@ def _local_without_apex(args) -> bool:
     return local_spec(args) and not importable("apex")
 
 
-FEATURE = feature(__name__, "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel",
-                  flag_needs=(
+FEATURE = feature(
+    __name__,
+    "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel",
+    flag_needs=(
     FlagNeed("--persist-layer-norm",
              when=lambda args: _local_without_apex(args)
              and not getattr(args, "no_persist_layer_norm", True),

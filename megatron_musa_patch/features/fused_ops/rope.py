@@ -17,6 +17,7 @@ from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.device.rows import OFF_CUDA
 
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
@@ -32,8 +33,10 @@ def _uses_rope(args) -> bool:
             or getattr(args, "multi_latent_attention", False))
 
 
-FEATURE = feature(__name__, "--rope-fusion without TransformerEngine (ops.rope)",
-                  flag_needs=(FlagNeed(
+FEATURE = feature(
+    __name__,
+    "--rope-fusion without TransformerEngine (ops.rope)",
+    flag_needs=(FlagNeed(
     "--rope-fusion",
     when=lambda args: getattr(args, "apply_rope_fusion", False) and _uses_rope(args)
     and not te_installed(),
@@ -61,7 +64,7 @@ def mmp_register_patches(session, registry):
     registry.add(Patch(
         f"{FEATURE.name}.mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
         functools.partial(_mla_without_fused_rope, session.state_for(FEATURE.name, set)), FEATURE.name,
-        devices=frozenset({"cpu", "musa"}),
+        devices=OFF_CUDA,
         why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here",
         megatron=VERIFIED_MEGATRON))
 

@@ -18,8 +18,10 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULES = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
            "scaled_softmax_cuda")
 
-FEATURE = feature(__name__, "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)",
-                  flag_needs=(FlagNeed(
+FEATURE = feature(
+    __name__,
+    "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)",
+    flag_needs=(FlagNeed(
     "--masked-softmax-fusion",
     when=lambda args: getattr(args, "masked_softmax_fusion", False)
     and (getattr(args, "fp16", False) or getattr(args, "bf16", False)) and local_spec(args)

@@ -10,7 +10,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)")
+FEATURE = feature(
+    __name__,
+    "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -16,8 +16,10 @@ from megatron_musa_patch.core.feature import feature
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULE = "fused_weight_gradient_mlp_cuda"
 
-FEATURE = feature(__name__, "--gradient-accumulation-fusion without Apex (ops.grad_accum)",
-                  flag_needs=(FlagNeed(
+FEATURE = feature(
+    __name__,
+    "--gradient-accumulation-fusion without Apex (ops.grad_accum)",
+    flag_needs=(FlagNeed(
     "--gradient-accumulation-fusion",
     when=lambda args: getattr(args, "gradient_accumulation_fusion", False)
     and not importable(MODULE) and not (te_installed() and not local_spec(args)),

@@ -31,7 +31,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "DeepSeek-V2 device-level and communication balance losses, device-level capacity")
+FEATURE = feature(
+    __name__,
+    "DeepSeek-V2 device-level and communication balance losses, device-level capacity")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -27,8 +27,12 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--moe-complementary-seq-aux-loss (DeepSeek-V3's loss on the routing that happened)",
-                  after=("moe_device_balance",))
+# the balance features wrap TopKRouter.routing in a chain: the device-level losses outermost,
+# then this loss, then the top-k normalisation, then the group score
+FEATURE = feature(
+    __name__,
+    "--moe-complementary-seq-aux-loss (DeepSeek-V3's loss on the routing that happened)",
+    after=("moe_device_balance",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

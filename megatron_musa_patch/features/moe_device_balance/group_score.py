@@ -20,8 +20,11 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--moe-router-group-score max (a group scored by its best expert: DeepSeek-V2)",
-                  after=("moe_device_balance.topk_prob_norm",))
+# innermost of the balance features' wrappers of TopKRouter.routing
+FEATURE = feature(
+    __name__,
+    "--moe-router-group-score max (a group scored by its best expert: DeepSeek-V2)",
+    after=("moe_device_balance.topk_prob_norm",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -25,8 +25,11 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid without it)",
-                  after=("moe_device_balance.complementary_seq_aux_loss",))
+# inside the complementary loss's wrapper of TopKRouter.routing (see that module)
+FEATURE = feature(
+    __name__,
+    "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid without it)",
+    after=("moe_device_balance.complementary_seq_aux_loss",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -17,7 +17,9 @@ from typing import List, Optional
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "MT-Megatron's environment switches: honoured, or named in one start-up warning")
+FEATURE = feature(
+    __name__,
+    "MT-Megatron's environment switches: honoured, or named in one start-up warning")
 
 _OFF = ("0", "false", "no", "off")
 

@@ -24,10 +24,16 @@ from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--moe-router-use-sigmoid, --moe-router-topk-limited-devices, "
-               "--moe-router-num-node-group, --moe-noaux-gamma (MT-Megatron spellings)",
-                  after=("moe_device_balance", "moe_device_balance.complementary_seq_aux_loss",
-                         "moe_device_balance.topk_prob_norm", "moe_device_balance.group_score"))
+# after the balance features: pluggy validates last-registered first, so MT's aliases are in
+# place before the balance flags are checked
+FEATURE = feature(
+    __name__,
+    "--moe-router-use-sigmoid, --moe-router-topk-limited-devices, --moe-router-num-node-group, "
+    "--moe-noaux-gamma (MT-Megatron spellings)",
+    after=("moe_device_balance",
+           "moe_device_balance.complementary_seq_aux_loss",
+           "moe_device_balance.topk_prob_norm",
+           "moe_device_balance.group_score"))
 
 #: upstream's default for --moe-router-bias-update-rate: only another value counts as "given"
 UPSTREAM_BIAS_RATE = 1e-3

@@ -11,7 +11,9 @@ from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--tp-only-amax-red: FP8 amax reduced over the TP group only (config field)")
+FEATURE = feature(
+    __name__,
+    "--tp-only-amax-red: FP8 amax reduced over the TP group only (config field)")
 
 
 @hookimpl

@@ -26,9 +26,11 @@ def _uneven_with_layers_per_stage(args) -> bool:
                  or getattr(args, "decoder_last_pipeline_num_layers", None) is not None))
 
 
-FEATURE = feature(__name__, "--num-layers-per-virtual-pipeline-stage with an uneven pipeline "
-               "(--decoder-first/last-pipeline-num-layers): virtual stages per rank",
-                  flag_needs=(FlagNeed(
+FEATURE = feature(
+    __name__,
+    "--num-layers-per-virtual-pipeline-stage with an uneven pipeline "
+    "(--decoder-first/last-pipeline-num-layers): virtual stages per rank",
+    flag_needs=(FlagNeed(
     "--num-layers-per-virtual-pipeline-stage", when=_uneven_with_layers_per_stage,
     because="with --decoder-first/last-pipeline-num-layers; Megatron-LM asserts for that pair",
     instead="give --num-virtual-stages-per-pipeline-rank instead"),))

@@ -21,8 +21,11 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)",
-                  after=("checkpoint_safety.no_rewrite_of_loaded",))
+# after no_rewrite_of_loaded: the wait sits inside that feature's wrapper of save_checkpoint
+FEATURE = feature(
+    __name__,
+    "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)",
+    after=("checkpoint_safety.no_rewrite_of_loaded",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -15,7 +15,7 @@ Also: the grouped experts' fc2 GEMM skipped in the variance recompute (``Grouped
 expert overlapped with the token dispatch (``--moe-shared-expert-overlap``) recomputed without
 losing the overlap, and upstream's ``--recompute-granularity full --recompute-method block
 --recompute-num-layers 0`` (no layer fully recomputed) accepted beside the flags. The RMSNorm
-variants of MT-Megatron are parts of this feature (``recompute_mla_rms``, ``recompute_mlp_rms``).
+variants of MT-Megatron are parts of this feature (``recompute.mla_rms``, ``recompute.mlp_rms``).
 
 Checkpoints are Megatron's own (``tensor_parallel.checkpoint``, ``CheckpointWithoutOutput``),
 which restore the CPU, device and RNG-tracker states, so dropout matches bit for bit. The flags
@@ -34,8 +34,11 @@ from megatron_musa_patch.lib.recompute import grouped, rules, wrappers
 from megatron_musa_patch.core.registry import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--attn-recompute, --mlp-recompute, --recompute-variance",
-                  after=("upstream_fixes.expert_bias_out_of_place",))
+# after expert_bias_out_of_place: the recompute wrapper of MLP.forward sits inside the fix's
+FEATURE = feature(
+    __name__,
+    "--attn-recompute, --mlp-recompute, --recompute-variance",
+    after=("upstream_fixes.expert_bias_out_of_place",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

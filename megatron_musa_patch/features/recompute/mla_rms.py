@@ -24,7 +24,9 @@ from megatron_musa_patch.lib.recompute import rms, rules
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--q-rms-recompute, --mla-rms-recompute (MT-Megatron's MLA RMSNorm recompute)")
+FEATURE = feature(
+    __name__,
+    "--q-rms-recompute, --mla-rms-recompute (MT-Megatron's MLA RMSNorm recompute)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

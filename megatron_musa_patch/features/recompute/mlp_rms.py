@@ -23,8 +23,11 @@ from megatron_musa_patch.lib.recompute import rms, rules
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--mlp-rms-recompute (MT-Megatron's pre-MLP RMSNorm + shared expert recompute)",
-                  after=("recompute",))
+# after recompute: its wrappers of the MLP paths sit inside recompute's
+FEATURE = feature(
+    __name__,
+    "--mlp-rms-recompute (MT-Megatron's pre-MLP RMSNorm + shared expert recompute)",
+    after=("recompute",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -18,7 +18,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "activation logging matches megatron-core's layers without TE (TE's are mocks then)")
+FEATURE = feature(
+    __name__,
+    "activation logging matches megatron-core's layers without TE (TE's are mocks then)")
 
 
 @hookimpl

@@ -17,8 +17,9 @@ from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "torch's Adam steps moments init_state_fn filled before any step, as FusedAdam "
-               "does")
+FEATURE = feature(
+    __name__,
+    "torch's Adam steps moments init_state_fn filled before any step, as FusedAdam does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -9,8 +9,11 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "fp32 distributed-optimizer state loads into parameter views without autograd",
-                  after=("upstream_fixes.distopt_step_counters",))
+# after distopt_step_counters: inside its wrapper of _set_main_param_and_optimizer_states
+FEATURE = feature(
+    __name__,
+    "fp32 distributed-optimizer state loads into parameter views without autograd",
+    after=("upstream_fixes.distopt_step_counters",))
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -21,7 +21,9 @@ from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "per-parameter optimizer steps survive checkpoint loads without Apex/TE")
+FEATURE = feature(
+    __name__,
+    "per-parameter optimizer steps survive checkpoint loads without Apex/TE")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -11,7 +11,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "MoE experts with biases: the scaled fc2 bias is added out of place")
+FEATURE = feature(
+    __name__,
+    "MoE experts with biases: the scaled fc2 bias is added out of place")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

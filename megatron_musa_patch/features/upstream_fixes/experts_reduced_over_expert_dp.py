@@ -14,7 +14,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "EP1 with ETP != TP: expert gradients reduced over the expert-data-parallel group")
+FEATURE = feature(
+    __name__,
+    "EP1 with ETP != TP: expert gradients reduced over the expert-data-parallel group")
 
 
 @hookimpl

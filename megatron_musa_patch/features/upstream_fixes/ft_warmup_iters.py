@@ -21,8 +21,10 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "--enable-ft-package with nvidia-resiliency-ext 0.4.1: its rank monitor client "
-               "is started without num_warmup_iters, which it lacks")
+FEATURE = feature(
+    __name__,
+    "--enable-ft-package with nvidia-resiliency-ext 0.4.1: its rank monitor client is started "
+    "without num_warmup_iters, which it lacks")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -23,7 +23,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "a job's first logged iteration on the log interval resets the loss accumulator")
+FEATURE = feature(
+    __name__,
+    "a job's first logged iteration on the log interval resets the loss accumulator")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

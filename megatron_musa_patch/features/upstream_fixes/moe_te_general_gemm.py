@@ -11,7 +11,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "moe_utils.te_general_gemm defined (None) without TE")
+FEATURE = feature(
+    __name__,
+    "moe_utils.te_general_gemm defined (None) without TE")
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 
 

@@ -19,7 +19,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does")
+FEATURE = feature(
+    __name__,
+    "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

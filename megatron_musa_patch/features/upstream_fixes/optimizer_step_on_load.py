@@ -18,7 +18,9 @@ from megatron_musa_patch.core.registry import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does")
+FEATURE = feature(
+    __name__,
+    "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

@@ -21,7 +21,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "get_te_version / is_te_min_version answer 'no TE' (version 0.0.0) without TE")
+FEATURE = feature(
+    __name__,
+    "get_te_version / is_te_min_version answer 'no TE' (version 0.0.0) without TE")
 
 #: what 0.17+ answers without TE
 NO_TE_VERSION = Version("0.0.0")

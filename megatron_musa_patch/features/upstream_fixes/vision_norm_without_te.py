@@ -18,7 +18,9 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)")
+FEATURE = feature(
+    __name__,
+    "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"

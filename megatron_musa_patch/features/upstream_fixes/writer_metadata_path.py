@@ -17,7 +17,9 @@ from megatron_musa_patch.core.registry import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
-FEATURE = feature(__name__, "remove_sharded_tensors finds torch's checkpoint metadata path (megatron-core 0.16)")
+FEATURE = feature(
+    __name__,
+    "remove_sharded_tensors finds torch's checkpoint metadata path (megatron-core 0.16)")
 WRITER = "torch.distributed.checkpoint.filesystem:FileSystemWriter"
 
 #: the torch releases this record was verified on: it reads the writer's private

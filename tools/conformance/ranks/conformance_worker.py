@@ -1,4 +1,4 @@
-"""One rank of a conformance run (benchmarks/conformance.py starts N of these with torchrun, or
+"""One rank of a conformance run (tools/conformance starts N of these with torchrun, or
 conformance_launch.py forks them).
 
 Runs pytest on the given upstream test file(s) and writes what happens as it happens, one JSON

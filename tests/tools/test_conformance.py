@@ -1,4 +1,4 @@
-"""benchmarks/conformance.py's bookkeeping: how the ranks' event streams become one verdict per
+"""tools/conformance's bookkeeping: how the ranks' event streams become one verdict per
 test, how verdicts are classified, and what docs/conformance.md says (no Megatron needed)."""
 
 import collections
@@ -13,13 +13,10 @@ import pytest
 
 from ..conftest import REPO
 
-spec = importlib.util.spec_from_file_location("conformance", REPO / "benchmarks" /
-                                              "conformance.py")
-conformance = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(conformance)
+from tools.conformance import classify, render, runner, tables
 
-worker_spec = importlib.util.spec_from_file_location(
-    "conformance_worker", REPO / "benchmarks" / "conformance_worker.py")
+WORKER = REPO / "tools" / "conformance" / "ranks" / "conformance_worker.py"
+worker_spec = importlib.util.spec_from_file_location("conformance_worker", WORKER)
 worker = importlib.util.module_from_spec(worker_spec)
 worker_spec.loader.exec_module(worker)
 
@@ -57,7 +54,7 @@ def stream(rank):
 
 
 def test_ranks_merge_into_one_verdict_per_test():
-    tests = conformance.merge({0: stream(0), 1: stream(1)}, "timeout")
+    tests = runner.merge({0: stream(0), 1: stream(1)}, "timeout")
     outcomes = {n.split("::")[1]: t["outcome"] for n, t in tests.items()}
     assert outcomes == {"test_a": "passed", "test_b": "failed", "test_c": "skipped",
                         "test_d": "failed", "test_e": "hung", "test_f": "not run"}
@@ -66,16 +63,16 @@ def test_ranks_merge_into_one_verdict_per_test():
 
 
 def test_classification_and_the_generated_page(tmp_path):
-    tests = conformance.merge({0: stream(0), 1: stream(1)}, "timeout")
-    kinds = {n.split("::")[1]: conformance.classify(t, n)[0] for n, t in tests.items()}
+    tests = runner.merge({0: stream(0), 1: stream(1)}, "timeout")
+    kinds = {n.split("::")[1]: classify.classify(t, n)[0] for n, t in tests.items()}
     assert kinds == {"test_a": "passed", "test_b": "failed", "test_c": "skipped",
                      "test_d": "off CUDA by design", "test_e": "hung", "test_f": "not run"}
-    assert conformance.classify(tests[f"{F}::test_d"], "")[1] == "needs TransformerEngine"
+    assert classify.classify(tests[f"{F}::test_d"], "")[1] == "needs TransformerEngine"
     run = {"release": {"megatron_core": "0.16.1", "tag": "core_v0.16.1"}, "nproc": 2,
            "timeout": 60.0, "machine": "machine: test", "date": "2026-12-01",
            "files": [{"file": F, "status": "timeout", "seconds": 60.0, "tests": tests}]}
     (tmp_path / "core_v0.16.1.json").write_text(json.dumps(run))
-    page = conformance.render(tmp_path)
+    page = render.render(tmp_path)
     assert "**1 of 4 runnable tests pass (25.0%)**; 1 off CUDA by design, 1 skipped" in page
     assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 | 0 |" in page
     assert f"`{F}::test_b` (failed): [call] AssertionError: weights differ" in page
@@ -85,8 +82,8 @@ def test_classification_and_the_generated_page(tmp_path):
 def test_peers_of_a_stopped_rank_are_not_counted_as_failures():
     lost = {"outcome": "failed", "message": "[setup] torch.distributed.DistNetworkError: Broken "
                                             "pipe", "seconds": 0.0}
-    assert conformance.classify(lost, "t", "timeout")[0] == "not run"
-    assert conformance.classify(lost, "t", "finished")[0] == "failed"  # a real failure there
+    assert classify.classify(lost, "t", "timeout")[0] == "not run"
+    assert classify.classify(lost, "t", "finished")[0] == "failed"  # a real failure there
 
 
 def test_the_whole_tree_is_every_test_file_in_path_order(tmp_path):
@@ -94,7 +91,7 @@ def test_the_whole_tree_is_every_test_file_in_path_order(tmp_path):
     for name in ("b/test_z.py", "a/test_y.py", "test_x.py", "a/helper.py", "a/conftest.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("")
-    assert conformance.every_test_file(tmp_path) == ["a/test_y.py", "b/test_z.py", "test_x.py"]
+    assert runner.every_test_file(tmp_path) == ["a/test_y.py", "b/test_z.py", "test_x.py"]
 
 
 def test_tests_upstream_marks_flaky_are_counted_apart_whatever_they_did():
@@ -104,12 +101,12 @@ def test_tests_upstream_marks_flaky_are_counted_apart_whatever_they_did():
     events += [{"event": "start", "nodeid": ids[2]}, report(ids[2], "setup", "passed"),
                report(ids[2], "call", "failed", "AssertionError: sizes must be the same"),
                report(ids[2], "teardown", "passed")]
-    tests = conformance.merge({0: events}, "finished")
-    verdicts = {n.split("::")[1]: conformance.classify(t, n) for n, t in tests.items()}
+    tests = runner.merge({0: events}, "finished")
+    verdicts = {n.split("::")[1]: classify.classify(t, n) for n, t in tests.items()}
     assert [v[0] for v in verdicts.values()] == ["passed", "flaky upstream", "flaky upstream"]
     assert verdicts["test_c"][1].startswith("failed here: [call] AssertionError: sizes")
     counts = collections.Counter(v[0] for v in verdicts.values())
-    assert conformance.pass_rate(counts) == (1, 1, 100.0)
+    assert classify.pass_rate(counts) == (1, 1, 100.0)
 
 
 def test_an_update_replaces_only_the_files_it_ran():
@@ -120,12 +117,12 @@ def test_an_update_replaces_only_the_files_it_ran():
               "files": [result("a", "failed"), result("b", "passed")]}
     run = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-12-01",
            "files": [result("a", "passed"), result("c", "passed")]}
-    merged = conformance.updated(stored, run)
+    merged = render.updated(stored, run)
     assert [f["file"] for f in merged["files"]] == ["a", "b", "c"]
     assert merged["files"][0]["tests"]["a::t"]["outcome"] == "passed"
     assert merged["date"] == "2026-12-01"
     # each file keeps the limit it ran with; the stored ones keep the run's
-    shorter = conformance.updated(stored,
+    shorter = render.updated(stored,
                                   {**run, "timeout": 300.0,
                                    "files": [{**result("c", "passed"), "timeout": 300.0}]})
     assert [(f["file"], f["timeout"]) for f in shorter["files"]] == [
@@ -133,7 +130,7 @@ def test_an_update_replaces_only_the_files_it_ran():
     # the stored results are read, not changed: the runner merges into them after every file
     assert all("timeout" not in f for f in stored["files"])
     with pytest.raises(SystemExit, match="release"):
-        conformance.updated(stored, {**run, "release": {**release, "tag": "core_v0.19.0"}})
+        render.updated(stored, {**run, "release": {**release, "tag": "core_v0.19.0"}})
 
 
 def test_the_page_names_each_files_machine_and_launcher(tmp_path):
@@ -149,10 +146,10 @@ def test_the_page_names_each_files_machine_and_launcher(tmp_path):
     run = {"release": release, "nproc": 8, "timeout": 900.0, "date": "2026-12-02",
            "machine": "machine: AMD",
            "files": [result("c", launcher="fork", machine="machine: AMD")]}
-    merged = conformance.updated(stored, run)
+    merged = render.updated(stored, run)
     assert [f["machine"] for f in merged["files"]] == ["machine: Intel"] * 2 + ["machine: AMD"]
     (tmp_path / "core_v0.17.1.json").write_text(json.dumps(merged))
-    page = conformance.render(tmp_path)
+    page = render.render(tmp_path)
     assert ("machine: AMD, ranks forked from one process (conformance_launch.py) (1 file); "
             "machine: Intel, ranks started by torchrun (2 files); 8 ranks") in page
 
@@ -165,27 +162,27 @@ def test_a_failure_message_keeps_the_source_line_that_raised():
                     "E   TypeError: 'NoneType' object is not callable")
     message = worker._message(Report())
     assert message == "backend = TESpecProvider() | TypeError: 'NoneType' object is not callable"
-    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
+    verdict = classify.classify({"outcome": "failed", "message": message}, "t")
     assert verdict[:2] == ("off CUDA by design", "needs TransformerEngine")
 
 
 def test_tests_that_need_upstreams_ci_environment_are_counted_apart_from_the_runnable_ones():
     message = ("[call] OSError: Repo id must be in the form 'repo_name' or "
                "'namespace/repo_name': '/opt/data/tokenizers/huggingface'")
-    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
-    assert verdict[0] == conformance.CI_DATA and "/opt/data" in verdict[1]
+    verdict = classify.classify({"outcome": "failed", "message": message}, "t")
+    assert verdict[0] == tables.CI_DATA and "/opt/data" in verdict[1]
     counts = collections.Counter([verdict[0], "passed"])
-    assert conformance.pass_rate(counts) == (1, 1, 100.0)
+    assert classify.pass_rate(counts) == (1, 1, 100.0)
     # the same message from a test that did not read upstream's data stays a failure
-    plain = conformance.classify({"outcome": "failed", "message": "[call] OSError: repo id"}, "t")
+    plain = classify.classify({"outcome": "failed", "message": "[call] OSError: repo id"}, "t")
     assert plain[0] == "failed"
 
 
 def test_a_deselected_test_is_listed_as_off_cuda_with_its_reason():
-    nodeid, why = next(iter(conformance.NOT_RUN_OFF_CUDA.items()))
-    verdict = conformance.classify({"outcome": "deselected", "message": why}, nodeid)
+    nodeid, why = next(iter(tables.NOT_RUN_OFF_CUDA.items()))
+    verdict = classify.classify({"outcome": "deselected", "message": why}, nodeid)
     assert verdict[:2] == ("off CUDA by design", why)
-    spelled = conformance.classify(
+    spelled = classify.classify(
         {"outcome": "failed", "message": "[collect] ImportError: Transformer Engine is not "
                                          "installed. Please use local Bert layer spec instead."},
         "t")
@@ -193,20 +190,20 @@ def test_a_deselected_test_is_listed_as_off_cuda_with_its_reason():
 
 
 def test_a_test_deselected_for_want_of_ci_data_is_counted_apart_with_its_reason():
-    nodeid, why = next(iter(conformance.NOT_RUN_WITHOUT_CI_DATA.items()))
-    verdict = conformance.classify({"outcome": conformance.NEEDS_CI_ENVIRONMENT, "message": why},
+    nodeid, why = next(iter(tables.NOT_RUN_WITHOUT_CI_DATA.items()))
+    verdict = classify.classify({"outcome": tables.NEEDS_CI_ENVIRONMENT, "message": why},
                                    nodeid)
-    assert verdict[:2] == (conformance.CI_DATA, why)
-    assert conformance.CI_DATA not in conformance.RUNNABLE
-    assert set(conformance.NOT_RUN) == {"deselected", conformance.NEEDS_CI_ENVIRONMENT,
-                                        conformance.DERAILS}
+    assert verdict[:2] == (tables.CI_DATA, why)
+    assert tables.CI_DATA not in tables.RUNNABLE
+    assert set(tables.NOT_RUN) == {"deselected", tables.NEEDS_CI_ENVIRONMENT,
+                                        tables.DERAILS}
 
 
 def test_a_test_deselected_because_it_derails_its_file_counts_as_failed():
-    nodeid, (why, where) = next(iter(conformance.NOT_RUN_DERAILS.items()))
-    verdict = conformance.classify({"outcome": conformance.DERAILS, "message": why}, nodeid)
+    nodeid, (why, where) = next(iter(tables.NOT_RUN_DERAILS.items()))
+    verdict = classify.classify({"outcome": tables.DERAILS, "message": why}, nodeid)
     assert verdict == ("failed", why, where + "; not run here")
-    assert "failed" in conformance.RUNNABLE  # it counts against the pass rate
+    assert "failed" in tables.RUNNABLE  # it counts against the pass rate
 
 
 def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
@@ -216,10 +213,10 @@ def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "conformance_worker.py"),
+    subprocess.run([sys.executable, str(WORKER),
                     test_file.name], cwd=tmp_path, env=env, capture_output=True, check=False)
     events = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
-    tests = conformance.merge({0: events}, "finished")
+    tests = runner.merge({0: events}, "finished")
     assert tests == {"test_skipped_module.py": {
         "outcome": "skipped", "message": "Skipped: needs nvidia-modelopt", "seconds": 0.0}}
 
@@ -231,17 +228,17 @@ def test_only_deselected_tests_the_file_has_are_recorded(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "conformance_worker.py"),
+    subprocess.run([sys.executable, str(WORKER),
                     "test_two.py", "--deselect=test_two.py::test_harmful",
                     "--deselect=test_two.py::test_renamed[x]"],
                    cwd=tmp_path, env=env, capture_output=True, check=False)
     events = {0: [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]}
     listed = {"test_two.py::test_harmful": ("deselected", "would harm the machine"),
               "test_two.py::test_renamed[x]": ("deselected", "another release's test")}
-    assert conformance.deselected_records(events, listed) == {
+    assert runner.deselected_records(events, listed) == {
         "test_two.py::test_harmful": {"outcome": "deselected",
                                       "message": "would harm the machine", "seconds": 0.0}}
-    assert set(conformance.merge(events, "finished")) == {"test_two.py::test_kept"}
+    assert set(runner.merge(events, "finished")) == {"test_two.py::test_kept"}
 
 
 def test_a_test_some_ranks_failed_while_the_others_never_finished_is_where_the_file_hung():
@@ -252,13 +249,13 @@ def test_a_test_some_ranks_failed_while_the_others_never_finished_is_where_the_f
                report(ids[0], "teardown", "passed"), {"event": "start", "nodeid": ids[1]},
                report(ids[1], "setup", "passed")]
     waiting = [{"event": "start", "nodeid": ids[0]}, report(ids[0], "setup", "passed")]
-    tests = conformance.merge({0: [collected] + waiting, 1: [collected] + failing}, "timeout")
+    tests = runner.merge({0: [collected] + waiting, 1: [collected] + failing}, "timeout")
     assert tests[ids[0]]["outcome"] == "hung"
     assert tests[ids[0]]["message"].startswith("ranks [1] failed it ([call] AssertionError")
     assert "ranks [0] never finished it (timeout)" in tests[ids[0]]["message"]
     assert tests[ids[1]]["outcome"] == "not run"
     # a file that finished reports the failure as it is
-    finished = conformance.merge({1: [collected] + failing}, "finished")
+    finished = runner.merge({1: [collected] + failing}, "finished")
     assert finished[ids[0]]["outcome"] == "failed"
 
 
@@ -275,7 +272,7 @@ def test_a_failure_in_a_helper_keeps_the_line_that_called_it():
     assert message == (">       linear_fc1=not_none(TELayerNormColumnParallelLinear), | "
                        ">           raise ValueError('Expected value to be not None') | "
                        "ValueError: Expected value to be not None")
-    verdict = conformance.classify({"outcome": "failed", "message": message}, "t")
+    verdict = classify.classify({"outcome": "failed", "message": message}, "t")
     assert verdict[:2] == ("off CUDA by design", "needs TransformerEngine")
 
 
@@ -300,7 +297,7 @@ def test_a_stopped_file_leaves_no_process_of_its_ranks_behind(tmp_path):
     (tmp_path / "rank0.pid").write_text(str(rank.pid))
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                                 start_new_session=True)
-    conformance._kill(launcher, tmp_path)
+    runner._kill(launcher, tmp_path)
     rank.wait(timeout=30)
     for _ in range(100):
         if not _alive(pool_pid):
@@ -319,7 +316,7 @@ def _session_leader(tmp_path, code, rank=0):
 
 def _watched(tmp_path, window, write_events=False):
     """IdleWatch's verdicts over 1.5 windows, sampled as the runner does."""
-    watch = conformance.IdleWatch(tmp_path, window)
+    watch = runner.IdleWatch(tmp_path, window)
     verdicts = []
     begin = time.monotonic()
     while time.monotonic() - begin < 1.5 * window:
@@ -357,7 +354,7 @@ def test_the_idle_window_starts_when_the_ranks_do(tmp_path):
     """The launcher's start-up (megatron-core imported before the fork: a minute or more on a
     loaded 2-core machine) is not rank idleness: ranks that appear after a window of it have
     a window of their own before they count as stalled."""
-    watch = conformance.IdleWatch(tmp_path, window=60)
+    watch = runner.IdleWatch(tmp_path, window=60)
     assert watch.idle(0.0) is False  # launching: no rank yet
     rank = _session_leader(tmp_path, "import time; time.sleep(60)")
     try:
@@ -376,10 +373,10 @@ def test_cpu_is_counted_over_the_ranks_whole_sessions(tmp_path):
                            "time.sleep(60)")
     try:
         time.sleep(0.5)
-        before = conformance.session_cpu_seconds({rank.pid})
+        before = runner.session_cpu_seconds({rank.pid})
         time.sleep(1.0)
         # its child's CPU is counted (a share of a core, whatever else the machine runs)
-        assert conformance.session_cpu_seconds({rank.pid}) - before > 0.05
+        assert runner.session_cpu_seconds({rank.pid}) - before > 0.05
         assert not any(_watched(tmp_path, window=1.5))
     finally:
         os.killpg(rank.pid, 9)
@@ -388,11 +385,11 @@ def test_cpu_is_counted_over_the_ranks_whole_sessions(tmp_path):
 def test_a_deselect_entry_without_parameters_covers_every_case_of_the_test():
     table = {f"{F}::test_pp": ("deselected", "needs mamba-ssm"),
              f"{F}::test_pp[pp4]": ("deselected", "this case's own reason")}
-    assert conformance.listed(table, f"{F}::test_pp[pp2]") == ("deselected", "needs mamba-ssm")
-    assert conformance.listed(table, f"{F}::test_pp[pp4]")[1] == "this case's own reason"
-    assert conformance.listed(table, f"{F}::test_other") is None
+    assert classify.listed(table, f"{F}::test_pp[pp2]") == ("deselected", "needs mamba-ssm")
+    assert classify.listed(table, f"{F}::test_pp[pp4]")[1] == "this case's own reason"
+    assert classify.listed(table, f"{F}::test_other") is None
     events = {0: [{"event": "deselected", "nodeids": [f"{F}::test_pp[pp2]", f"{F}::test_pp[a]"]}]}
-    records = conformance.deselected_records(events, table)
+    records = runner.deselected_records(events, table)
     assert set(records) == {f"{F}::test_pp[pp2]", f"{F}::test_pp[a]"}
     assert records[f"{F}::test_pp[a]"]["message"] == "needs mamba-ssm"
 
@@ -426,7 +423,7 @@ def test_a_file_whose_ranks_deadlock_is_stopped_once_they_sit_idle(tmp_path, lm_
     test_file = tmp_path / "test_diverging.py"
     test_file.write_text(DIVERGING_TESTS)
     begin = time.monotonic()
-    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+    result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=10)
     assert time.monotonic() - begin < 300
     assert result["status"] == "stalled: every rank idle for 10 s"
@@ -470,7 +467,7 @@ def test_ranks_out_of_step_all_finish_and_a_collection_error_stops_only_its_clas
     one failure, not the end of the file."""
     test_file = tmp_path / "test_out_of_step.py"
     test_file.write_text(OUT_OF_STEP_TESTS)
-    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+    result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=60)
     assert result["status"] == "finished", result["output_tail"]
     outcomes = {n.split("::", 1)[1]: t["outcome"] for n, t in result["tests"].items()}
@@ -533,7 +530,7 @@ def test_rank_1_is_killed():
 def test_forked_ranks_have_torchruns_environment_store_and_group(tmp_path, lm_path):
     test_file = tmp_path / "test_forked.py"
     test_file.write_text(FORKED_RANK_TESTS)
-    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+    result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=60, launcher="fork")
     assert result["status"] == "finished", result["output_tail"]
     assert result["launcher"] == "fork"
@@ -544,13 +541,13 @@ def test_forked_ranks_have_torchruns_environment_store_and_group(tmp_path, lm_pa
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks; reads /proc")
-@pytest.mark.parametrize("launcher", conformance.LAUNCHERS)
+@pytest.mark.parametrize("launcher", tables.LAUNCHERS)
 def test_a_killed_rank_stops_the_file_and_is_named_as_under_torchrun(tmp_path, lm_path,
                                                                       launcher):
     test_file = tmp_path / "test_killed.py"
     test_file.write_text(KILLED_RANK_TESTS)
     begin = time.monotonic()
-    result = conformance.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
+    result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=300, launcher=launcher)
     assert time.monotonic() - begin < 110  # not rank 0's two minutes: it was stopped
     assert result["status"] == "rank killed (signal 9)", result["output_tail"]
@@ -568,6 +565,6 @@ def test_the_page_gives_the_limit_most_files_ran_with(tmp_path):
            "machine": "machine: test",
            "files": [result("a", 900.0), result("b", 900.0), result("c", 1800.0)]}
     (tmp_path / "core_v0.18.2.json").write_text(json.dumps(run))
-    page = conformance.render(tmp_path)
+    page = render.render(tmp_path)
     assert "8 ranks, 900 s per file" in page
     assert "- `a`: finished" in page and "- `c` (1800 s limit): finished" in page
