@@ -39,7 +39,7 @@ def mmp_select_device(requested: str, settings):
 
 @hookspec
 def mmp_register_patches(session, registry, device):
-    """Add this feature's :class:`~megatron_musa_patch.core.registry.Patch` records to ``registry``
+    """Add this feature's :class:`~megatron_musa_patch.core.records.Patch` records to ``registry``
     (``session.registry``) for the selected ``device`` (``session.device``).
 
     Register every record, also those for other devices: the registry skips them (and ``mmp

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from typing import List
 
-from .registry import (APPLIED, DEFERRED, FAILED, IN_EFFECT, SKIPPED, UNVERIFIED, PatchResult)
+from .results import APPLIED, DEFERRED, FAILED, IN_EFFECT, SKIPPED, UNVERIFIED, PatchResult
 
 _ORDER = {FAILED: 0, UNVERIFIED: 1, SKIPPED: 2, DEFERRED: 3, APPLIED: 4}
 

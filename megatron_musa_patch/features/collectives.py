@@ -30,7 +30,7 @@ import wrapt
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 

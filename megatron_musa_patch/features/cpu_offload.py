@@ -30,7 +30,7 @@ from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.offload import dtypes as dtype_rules
 from megatron_musa_patch.lib.offload import hybrid
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import OFF_CUDA
 

@@ -24,7 +24,7 @@ import contextlib
 from megatron_musa_patch.upstream.conditions import importable, missing
 from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.upstream.triton_free import execute_without_triton
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import OFF_CUDA

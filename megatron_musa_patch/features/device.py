@@ -25,7 +25,7 @@ from megatron_musa_patch.device import torch_api
 from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 from megatron_musa_patch.core.errors import TorchMappingError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(

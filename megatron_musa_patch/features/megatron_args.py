@@ -19,7 +19,7 @@ import functools
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.flag_needs import unavailable_errors
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import declaration, feature
 
 FEATURE = feature(

@@ -32,7 +32,7 @@ from megatron_musa_patch.upstream.binding import call_arguments, has_parameter
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream import facts
 from megatron_musa_patch.core.feature import feature
 

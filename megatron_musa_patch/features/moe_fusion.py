@@ -30,7 +30,7 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import importable, te_installed
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
 

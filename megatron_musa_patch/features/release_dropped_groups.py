@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
 

@@ -11,7 +11,7 @@ from collections import Counter
 from megatron_musa_patch.lib.recompute import blocks, norm_output
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream import tables
 
 FEATURE = "recompute_probe"

@@ -219,7 +219,7 @@ def test_a_cuda_build_of_torch_beside_torch_musa_stops_device_selection(tmp_path
 def test_a_plugin_record_without_ranges_stops_activation_with_one_paragraph(tmp_path):
     (tmp_path / "rangeless_plugin.py").write_text(
         "from megatron_musa_patch.core.hookspecs import hookimpl\n"
-        "from megatron_musa_patch.core.registry import Patch\n"
+        "from megatron_musa_patch.core.records import Patch\n"
         "FEATURE = 'rangeless'\n"
         "@hookimpl\n"
         "def mmp_register_patches(registry):\n"

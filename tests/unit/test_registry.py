@@ -11,7 +11,8 @@ import pytest
 from packaging.version import Version
 
 from megatron_musa_patch.core.errors import PatchError, PluginError
-from megatron_musa_patch.core.registry import Patch, Registry
+from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.registry import Registry
 from megatron_musa_patch.upstream import installed as versions
 from megatron_musa_patch.upstream import tables
 
@@ -383,3 +384,14 @@ def test_every_record_declares_bounded_ranges():
     reg.add(Patch("x", "a:b", "wrap", None, "f", megatron=ANY))
     with pytest.raises(ValueError, match="twice"):
         reg.add(Patch("x", "a:c", "wrap", None, "f", megatron=ANY))
+
+
+def test_a_record_kind_is_typed_and_prints_as_its_word():
+    from megatron_musa_patch.core.records import Kind, RecordError
+
+    record = Patch("x.kind", "json:dumps", "wrap", lambda *a: None, "x", megatron=ANY)
+    assert record.kind is Kind.WRAP
+    assert f"{record.kind}" == str(record.kind) == "wrap" and record.kind == "wrap"
+    with pytest.raises(RecordError, match=r"patch x.bad: kind must be one of \('wrap', 'replace', "
+                                          r"'attribute', 'module'\), not 'wrapp'"):
+        Patch("x.bad", "json:dumps", "wrapp", lambda *a: None, "x", megatron=ANY)

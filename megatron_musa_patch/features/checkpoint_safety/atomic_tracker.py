@@ -18,7 +18,7 @@ import os
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import patches_at
+from megatron_musa_patch.core.records import patches_at
 from .common import TRACKER, msc_enabled
 from megatron_musa_patch.core.feature import feature
 

@@ -13,7 +13,7 @@ import re
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from .common import CHECKPOINTING, CheckpointError, msc_enabled
 from megatron_musa_patch.core.feature import feature
 

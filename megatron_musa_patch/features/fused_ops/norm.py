@@ -17,7 +17,7 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import importable
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from .spec import local_spec
 from megatron_musa_patch.core.feature import feature
 

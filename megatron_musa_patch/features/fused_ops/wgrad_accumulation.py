@@ -7,7 +7,7 @@ from __future__ import annotations
 from megatron_musa_patch.upstream.conditions import importable, missing, te_installed
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from .spec import local_spec
 from megatron_musa_patch.core.feature import feature
 

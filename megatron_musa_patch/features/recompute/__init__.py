@@ -31,7 +31,7 @@ import functools
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import grouped, rules, wrappers
-from megatron_musa_patch.core.registry import Patch, patches_at
+from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
 # after expert_bias_out_of_place: the recompute wrapper of MLP.forward sits inside the fix's

@@ -13,7 +13,7 @@ filled before any step, what torch's Adam itself would have made of a fresh stat
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 

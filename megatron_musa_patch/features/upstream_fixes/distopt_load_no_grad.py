@@ -6,7 +6,7 @@ leaf Variable that requires grad is being used in an in-place operation"): the c
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 # after distopt_step_counters: inside its wrapper of _set_main_param_and_optimizer_states

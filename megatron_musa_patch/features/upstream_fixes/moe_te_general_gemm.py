@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 

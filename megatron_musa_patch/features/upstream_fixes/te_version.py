@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.registry import Patch
+from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
