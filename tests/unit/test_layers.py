@@ -100,3 +100,20 @@ def test_a_feature_is_named_by_its_module_path():
     for name, module in declared.items():
         assert module == f"megatron_musa_patch.features.{name}", (name, module)
     assert sorted(m.FEATURE.name for m in features.BUILTIN) == sorted(declared)
+
+
+def test_the_logic_knows_no_feature_name():
+    """lib/ is the logic the features plug in; which feature serves what is the features' to
+    say (lib.recompute asks through the ``require`` its feature binds). "device" is also the
+    plain word (lib.offload counts host and device parameters)."""
+    import ast
+
+    from megatron_musa_patch.features import BUILTIN
+
+    names = {m.FEATURE.name for m in BUILTIN} - {"device"}
+    found = []
+    for path in sorted((REPO / "megatron_musa_patch" / "lib").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert found == []

@@ -149,13 +149,13 @@ def test_a_config_set_in_code_is_checked_when_a_layer_runs():
     bad = settings(attn_recompute=True, recompute_granularity="full",
                    transformer_impl="transformer_engine")
     with pytest.raises(ArgumentError, match="--recompute-granularity full"):
-        wrappers.verify(session, bad)
+        wrappers.verify(feature.requirement(session), bad)
     good = settings(**ALL, transformer_impl="transformer_engine")
-    wrappers.verify(session, good)  # the layer checks its modules itself when variance needs them
+    wrappers.verify(feature.requirement(session), good)  # the layer checks its modules itself when variance needs them
     assert good._mmp_recompute_verified
     good.recompute_granularity = "full"  # changed after the first check: checked again
     with pytest.raises(ArgumentError):
-        wrappers.verify(session, good)
+        wrappers.verify(feature.requirement(session), good)
 
 
 def test_flags_of_a_broken_feature_fail_instead_of_doing_nothing():
@@ -167,5 +167,5 @@ def test_flags_of_a_broken_feature_fail_instead_of_doing_nothing():
     broken = make_session(feature, problems={"recompute": ["target gone"]})
     with pytest.raises(FeatureUnavailableError, match="--attn-recompute needs the feature "
                                                       "'recompute', which did not apply: target"):
-        wrappers.verify(broken, settings(attn_recompute=True))
-    wrappers.verify(make_session(feature), settings(attn_recompute=True, recompute_variance=True))
+        wrappers.verify(feature.requirement(broken), settings(attn_recompute=True))
+    wrappers.verify(feature.requirement(make_session(feature)), settings(attn_recompute=True, recompute_variance=True))

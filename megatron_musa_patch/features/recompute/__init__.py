@@ -49,10 +49,24 @@ _LAYERS = "megatron.core.tensor_parallel.layers:"
 _SHARED = "megatron.core.transformer.moe.shared_experts:SharedExpertMLP."
 
 
+#: the feature that serves each of the recompute flags (lib.recompute asks through ``require``)
+SERVED_BY = {**{name: FEATURE.name for name in rules.FLAGS}, "q_rms_recompute": "recompute.mla_rms",
+             "mla_rms_recompute": "recompute.mla_rms", "mlp_rms_recompute": "recompute.mlp_rms"}
+
+
+def requirement(session):
+    """``require(flag)`` for lib.recompute's wrappers: the session's paragraph where the flag's
+    feature is off or broken."""
+    def require(flag: str) -> None:
+        session.require(SERVED_BY[flag], rules.ALL_FLAGS[flag])
+
+    return require
+
+
 @hookimpl
 def mmp_register_patches(session, registry):
     def bound(wrapper):
-        return functools.partial(wrapper, session)
+        return functools.partial(wrapper, requirement(session))
 
     registry.extend([
         Patch("recompute.attention_block", _LAYER + "_forward_attention", "wrap",

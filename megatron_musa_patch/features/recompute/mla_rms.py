@@ -23,6 +23,7 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import rms, rules
 from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
+from . import requirement
 
 FEATURE = feature(
     __name__,
@@ -39,7 +40,7 @@ def mmp_register_patches(session, registry):
         f"{FEATURE.name}.q_kv_norms",
         "megatron.core.transformer.multi_latent_attention:"
         "MLASelfAttention.get_query_key_value_tensors", "wrap",
-        functools.partial(rms.mla_qkv_norms, session), FEATURE.name,
+        functools.partial(rms.mla_qkv_norms, requirement(session)), FEATURE.name,
         why="--q-rms-recompute: MLA's q/kv RMSNorm outputs released, recomputed in backward",
         megatron=VERIFIED_MEGATRON))
 

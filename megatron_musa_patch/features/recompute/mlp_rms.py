@@ -22,6 +22,7 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import rms, rules
 from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
+from . import requirement
 
 # after recompute: its wrappers of the MLP paths sit inside recompute's
 FEATURE = feature(
@@ -38,7 +39,7 @@ _SHARED = "megatron.core.transformer.moe.shared_experts:SharedExpertMLP."
 @hookimpl
 def mmp_register_patches(session, registry):
     def bound(impl):
-        return functools.partial(impl, session)
+        return functools.partial(impl, requirement(session))
 
     registry.extend([
         Patch(f"{FEATURE.name}.pre_mlp_norm",

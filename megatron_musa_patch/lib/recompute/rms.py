@@ -34,13 +34,13 @@ def _on(config, name) -> bool:
 # ----------------------------------------------------------------------------- --q-rms-recompute
 
 
-def mla_qkv_norms(session, wrapped, instance, args, kwargs):
+def mla_qkv_norms(require, wrapped, instance, args, kwargs):
     """``MLASelfAttention.get_query_key_value_tensors``: release the q/kv norm outputs."""
     config = instance.config
     if not _on(config, "q_rms_recompute") or _on(config, "attn_recompute") or \
             not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(session, config)
+    verify(require, config)
     seen = {}
     handles = []
     for name in ("q_layernorm", "kv_layernorm"):
@@ -70,18 +70,18 @@ def _mlp_rms_only(config) -> bool:
     return _on(config, "mlp_rms_recompute") and not _on(config, "mlp_recompute")
 
 
-def pre_mlp_norm(session, wrapped, instance, args, kwargs):
+def pre_mlp_norm(require, wrapped, instance, args, kwargs):
     """``TransformerLayer._forward_mlp`` of a MoE layer: the pre-MLP norm output released
     (``--recompute-variance`` alone already does it)."""
     config = instance.config
     if not (_mlp_rms_only(config) and instance.is_moe_layer) or \
             _on(config, "recompute_variance") or not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(session, config)
+    verify(require, config)
     return _with_norm_recompute(wrapped, args, kwargs, instance.pre_mlp_layernorm)
 
 
-def shared_expert(session, wrapped, instance, args, kwargs):
+def shared_expert(require, wrapped, instance, args, kwargs):
     """``MLP.forward`` of a shared expert: checkpointed, as ``--mlp-recompute`` does."""
     from .wrappers import _is_shared_expert
 
@@ -89,23 +89,23 @@ def shared_expert(session, wrapped, instance, args, kwargs):
     if not _mlp_rms_only(config) or not _is_shared_expert(instance) or \
             not _training_call(instance):
         return wrapped(*args, **kwargs)
-    verify(session, config)
+    verify(require, config)
     defer = (last_linear(instance, "linear_fc2"),) if _on(config, "recompute_variance") else ()
     return checkpoint_block(wrapped, args, kwargs, defer)
 
 
-def _overlap_active(session, instance) -> bool:
+def _overlap_active(require, instance) -> bool:
     if not _mlp_rms_only(instance.config) or not _training_call(instance):
         return False
-    verify(session, instance.config)
+    verify(require, instance.config)
     return True
 
 
-def overlapped_shared_fc1(session, wrapped, instance, args, kwargs):
+def overlapped_shared_fc1(require, wrapped, instance, args, kwargs):
     return overlap.fc1_and_activation(wrapped, instance, args, kwargs,
-                                      active=_overlap_active(session, instance))
+                                      active=_overlap_active(require, instance))
 
 
-def overlapped_shared_fc2(session, wrapped, instance, args, kwargs):
+def overlapped_shared_fc2(require, wrapped, instance, args, kwargs):
     return overlap.fc2(wrapped, instance, args, kwargs,
-                       active=_overlap_active(session, instance))
+                       active=_overlap_active(require, instance))

@@ -18,16 +18,13 @@ FLAGS = {
     "recompute_variance": "--recompute-variance",
 }
 
-#: MT-Megatron's RMSNorm variants (plugins ``recompute.mla_rms`` / ``recompute.mlp_rms``)
+#: MT-Megatron's RMSNorm variants
 RMS_FLAGS = {
     "q_rms_recompute": "--q-rms-recompute",
     "mla_rms_recompute": "--mla-rms-recompute",
     "mlp_rms_recompute": "--mlp-rms-recompute",
 }
 ALL_FLAGS = {**FLAGS, **RMS_FLAGS}
-#: the feature that serves each flag
-FEATURES = {**{name: "recompute" for name in FLAGS}, "q_rms_recompute": "recompute.mla_rms",
-            "mla_rms_recompute": "recompute.mla_rms", "mlp_rms_recompute": "recompute.mlp_rms"}
 
 #: the upstream ``--recompute-modules`` entries each flag already recomputes
 COVERED = {

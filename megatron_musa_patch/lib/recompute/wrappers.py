@@ -17,8 +17,9 @@
   ``tensor_parallel.layers``) -- a deferred linear skips its GEMM and all-reduce.
 
 Outside training (``module.training`` false, no autograd, an inference context) every wrapper
-calls upstream unchanged. Each wrapper takes the session first (the feature binds it): a flag set
-on a config whose feature is off or broken is refused by the session's one paragraph.
+calls upstream unchanged. Each wrapper takes ``require`` first, bound by the feature:
+``require(flag)`` refuses a flag set on a config whose feature is off or broken, with the
+session's one paragraph (this package knows no feature names).
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
 from . import overlap, rules
 from .blocks import MARK, checkpoint_block, deferred_ids
-
-FEATURE = "recompute"
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -50,8 +48,9 @@ def _training_call(module, kwargs=None) -> bool:
                             or kwargs.get("inference_params") is not None))
 
 
-def verify(session, config) -> None:
-    """The rules, once per combination of settings on this config (users may change them)."""
+def verify(require, config) -> None:
+    """The rules, once per combination of settings on this config (users may change them);
+    ``require(flag)`` refuses a flag whose feature cannot serve it (the feature binds it)."""
     key = (tuple(rules.requested(config)), getattr(config, "recompute_granularity", None),
            getattr(config, "recompute_method", None), getattr(config, "recompute_num_layers", None),
            tuple(getattr(config, "recompute_modules", None) or ()))
@@ -61,7 +60,7 @@ def verify(session, config) -> None:
     if found:
         raise ArgumentError(found[0])
     for flag in rules.requested(config):
-        session.require(rules.FEATURES[flag], rules.ALL_FLAGS[flag])
+        require(flag)
     config._mmp_recompute_verified = key
 
 
@@ -108,22 +107,22 @@ def _with_norm_recompute(wrapped, args, kwargs, norm):
 # ----------------------------------------------------------------------------- layer blocks
 
 
-def forward_attention(session, wrapped, instance, args, kwargs):
+def forward_attention(require, wrapped, instance, args, kwargs):
     attn, _, variance = _flags(instance.config)
     if not (attn or variance) or not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(session, instance.config)
+    verify(require, instance.config)
     if attn:
         defer = (last_linear(instance.self_attention, "linear_proj"),) if variance else ()
         return checkpoint_block(wrapped, args, kwargs, defer)
     return _with_norm_recompute(wrapped, args, kwargs, instance.input_layernorm)
 
 
-def forward_mlp(session, wrapped, instance, args, kwargs):
+def forward_mlp(require, wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not (mlp or variance) or not _training_call(instance, kwargs):
         return wrapped(*args, **kwargs)
-    verify(session, instance.config)
+    verify(require, instance.config)
     if mlp and not instance.is_moe_layer:
         defer = (last_linear(instance.mlp, "linear_fc2"),) if variance else ()
         return checkpoint_block(wrapped, args, kwargs, defer)
@@ -133,11 +132,11 @@ def forward_mlp(session, wrapped, instance, args, kwargs):
 # ----------------------------------------------------------------------------- MoE
 
 
-def experts_forward(session, wrapped, instance, args, kwargs):
+def experts_forward(require, wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not mlp or not _training_call(instance):
         return wrapped(*args, **kwargs)
-    verify(session, instance.config)
+    verify(require, instance.config)
     defer = ()
     if variance:
         defer = _experts_last_gemm(instance)
@@ -160,7 +159,7 @@ def _experts_last_gemm(instance):
         f"--recompute-variance.")
 
 
-def shared_experts_forward(session, wrapped, instance, args, kwargs):
+def shared_experts_forward(require, wrapped, instance, args, kwargs):
     """``MLP.forward``, on a MoE layer's shared expert only: ``SharedExpertMLP.forward`` calls it
     and then multiplies by its optional gate, which so stays outside the checkpoint -- that
     product's backward reads the fc2 output, and with the gate's own use of the norm output
@@ -169,27 +168,27 @@ def shared_experts_forward(session, wrapped, instance, args, kwargs):
     _, mlp, variance = _flags(instance.config)
     if not mlp or not _is_shared_expert(instance) or not _training_call(instance):
         return wrapped(*args, **kwargs)
-    verify(session, instance.config)
+    verify(require, instance.config)
     defer = (last_linear(instance, "linear_fc2"),) if variance else ()
     return checkpoint_block(wrapped, args, kwargs, defer)
 
 
-def overlapped_shared_fc1(session, wrapped, instance, args, kwargs):
+def overlapped_shared_fc1(require, wrapped, instance, args, kwargs):
     """``SharedExpertMLP.linear_fc1_forward_and_act`` (``--moe-shared-expert-overlap``)."""
     return overlap.fc1_and_activation(wrapped, instance, args, kwargs,
-                                      active=_overlap_recomputed(session, instance))
+                                      active=_overlap_recomputed(require, instance))
 
 
-def overlapped_shared_fc2(session, wrapped, instance, args, kwargs):
+def overlapped_shared_fc2(require, wrapped, instance, args, kwargs):
     """``SharedExpertMLP.linear_fc2_forward`` (``--moe-shared-expert-overlap``)."""
     return overlap.fc2(wrapped, instance, args, kwargs,
-                       active=_overlap_recomputed(session, instance))
+                       active=_overlap_recomputed(require, instance))
 
 
-def _overlap_recomputed(session, instance) -> bool:
+def _overlap_recomputed(require, instance) -> bool:
     if not getattr(instance.config, "mlp_recompute", False) or not _training_call(instance):
         return False
-    verify(session, instance.config)
+    verify(require, instance.config)
     return True
 
 
