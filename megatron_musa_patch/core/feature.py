@@ -9,7 +9,10 @@ toggle, a row of ``mmp patches`` and a module are one name. An external plugin m
 Order: pluggy calls the last-registered plugin's hooks first, so a feature registered after
 another has its hooks called before the other's, and its patches registered and applied first:
 where both wrap one upstream function, its wrapper ends up *inside* the other's. ``after`` names
-the features it must follow (a name that is only a group's: all of its features); :func:`ordered` is the registration order.
+the features it must follow (a name that is only a group's: all of its features);
+:func:`ordered` is the registration order of the built-in features. External plugins are
+registered after all of them (their wrappers sit innermost); pluggy's ``tryfirst`` /
+``trylast`` order their hooks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Flags that work only through a feature, declared by the feature, checked in one place.
 
-A feature module lists the Megatron flags that need it as ``FLAG_NEEDS``; the flags its own
+A feature lists the Megatron flags that need it in its declaration's ``flag_needs``; the flags its own
 ``mmp_add_arguments`` adds need it implicitly. When the feature is switched off or its patches
 failed, a flag in effect stops the run at argument validation with one paragraph
 (:func:`unavailable_error`): the flag, the feature, why the flag needs it here, why the feature is

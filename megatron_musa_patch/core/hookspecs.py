@@ -7,14 +7,12 @@ implementation takes only the arguments it needs (pluggy passes them by name). E
 the plugin manager and per-run state, as pytest hands ``config`` to its hooks. A plugin binds the
 session into the patches it registers (``functools.partial``) rather than looking it up later.
 
-A plugin module also declares:
-
-* ``FEATURE`` -- its name, dotted for a part of a group (``fused_ops.rope``); the toggles
-  ``MEGATRON_MUSA_PATCH_DISABLE`` / ``ONLY`` take feature and group names;
-* ``REQUIRED`` -- device and collective plumbing that every run needs (kept by ``ONLY``);
-* ``DESCRIPTION`` -- one line for ``mmp doctor``;
-* optionally ``FLAG_NEEDS`` -- the Megatron flags that work only through it
-  (``flag_needs.FlagNeed``), checked in one place when the feature is off or failed.
+A plugin module also declares itself as ``FEATURE`` (``core.feature``): its name, dotted for a
+part of a group (``fused_ops.rope``; the toggles ``MEGATRON_MUSA_PATCH_DISABLE`` / ``ONLY`` take
+feature and group names), its one-line description for ``mmp doctor``, whether every run needs it
+(device and collective plumbing, kept by ``ONLY``), the Megatron flags that work only through it
+(``flag_needs.FlagNeed``, checked in one place when the feature is off or failed) and the
+features it is ordered after.
 
 Hook names are checked when plugins are registered: an implementation named like a hook that
 does not exist (``mmp_validate_arg``) is an error naming the plugin and the hook.
@@ -62,7 +60,7 @@ def mmp_validate_args(args, session, device):
     """Check this feature's flags before Megatron validates its own; raise ``ArgumentError``.
 
     The message names the flag and says what to add or remove. Flags that need a feature which
-    is off or failed are refused before this hook runs (``FLAG_NEEDS``).
+    is off or failed are refused before this hook runs (the declaration's ``flag_needs``).
     """
 
 

@@ -14,9 +14,13 @@ import pkgutil
 from ..core.feature import Feature, ordered
 
 
+def _reraise(name):
+    raise  # pkgutil would otherwise skip a feature package that fails to import, silently
+
+
 def _discover():
     found = []
-    for info in pkgutil.walk_packages(__path__, __name__ + "."):
+    for info in pkgutil.walk_packages(__path__, __name__ + ".", onerror=_reraise):
         module = importlib.import_module(info.name)
         if isinstance(getattr(module, "FEATURE", None), Feature):
             found.append(module)

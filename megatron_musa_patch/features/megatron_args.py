@@ -9,7 +9,7 @@ once the arguments are parsed: by then Megatron's modules are imported.
 
 Before any plugin validates, flags that need a feature which is switched off or whose patches
 failed are refused in one place (``check_flag_needs``): the flags each plugin added (given, not
-at their default) and those it declares in ``FLAG_NEEDS``.
+at their default) and those it declares in ``flag_needs``.
 """
 
 from __future__ import annotations

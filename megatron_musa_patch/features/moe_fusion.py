@@ -142,7 +142,7 @@ class _GroupedGemmPackage:
 @hookimpl(trylast=True)
 def mmp_validate_args(args):
     # trylast: every other plugin checks the flags as given before --moe-grouped-gemm is hidden.
-    # reached only with this feature usable (FLAG_NEEDS refuse the flags otherwise)
+    # reached only with this feature usable (its flag_needs refuse the flags otherwise)
     if _grouped_gemm_needs_us(args) and _capability_major() < 8:
         # Megatron-LM asserts a CUDA compute capability >= 8 for the grouped_gemm package's
         # kernel; ops.grouped_gemm has no such need. Restored by _validate_args.

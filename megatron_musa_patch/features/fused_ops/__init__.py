@@ -15,5 +15,5 @@ One plugin per fusion, each with its own switch (``MEGATRON_MUSA_PATCH_DISABLE=f
 ``--bias-gelu-fusion`` and ``--bias-dropout-fusion`` already work everywhere (``@jit_fuser``
 functions): untouched. A fusion that is switched off (or failed) stops the run at argument
 validation with the ``--no-*`` flag to add instead of letting upstream fail later
-(``FLAG_NEEDS``).
+(the declarations' ``flag_needs``).
 """
