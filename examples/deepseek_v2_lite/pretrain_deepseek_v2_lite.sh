@@ -10,9 +10,10 @@
 #
 # Uses megatron_musa_patch's mla_local feature (upstream MLA fails on the local, no
 # TransformerEngine, spec without it), its DeepSeek-V2 device-level MoE balance losses and its
-# fine-grained recompute. Not used yet, because their features have not landed:
-# --moe-grouped-gemm (grouped_gemm CUDA kernels) and tensor parallelism with MoE (needs sequence
-# parallelism on the local spec). The tiny variant (pretrain_deepseek_v2_lite_tiny.sh) runs these
+# fine-grained recompute. Also available through the layer, not used at this size:
+# --moe-grouped-gemm (feature moe_fusion: grouped GEMM without the grouped_gemm kernels) and
+# tensor parallelism with MoE (--sequence-parallel on the local norms, feature fused_ops.norm).
+# The tiny variant (pretrain_deepseek_v2_lite_tiny.sh) runs these
 # flags at toy sizes on 2 CPU ranks (EP2).
 set -euo pipefail
 EXPNAME=${EXPNAME:-deepseek_v2_lite}

@@ -6,9 +6,9 @@
 #   DATA_PATH="$(mmp data blend /data/mixtral)" TOKENIZER_MODEL=/models/mixtral/tokenizer.model \
 #   HOSTFILE=hostfile bash examples/mixtral_8x7b/pretrain_mixtral_8x7b.sh   # on every node
 #
-# Tensor parallelism stays 1: MoE with TP needs sequence parallelism, which the local layer spec
-# does not have yet. --moe-grouped-gemm is left out: it needs the grouped_gemm CUDA kernels and
-# an sm80+ device (Megatron asserts the compute capability). The tiny variant
+# Tensor parallelism stays 1 at this size. MoE with TP takes --sequence-parallel, which works on
+# the local norms (feature fused_ops.norm); --moe-grouped-gemm works without the grouped_gemm
+# kernels (feature moe_fusion). The tiny variant
 # (pretrain_mixtral_8x7b_tiny.sh) runs these flags at toy sizes on 2 CPU ranks (EP2).
 set -euo pipefail
 EXPNAME=${EXPNAME:-mixtral_8x7b}

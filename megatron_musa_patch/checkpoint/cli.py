@@ -37,13 +37,16 @@ FORMATS = ("torch_dist", "torch")
 DIST_METADATA = "metadata.json"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmp checkpoint", description=__doc__.split("\n\n")[0].replace("``", ""),
         epilog="Exit status: 0 done, 2 refused with one paragraph, 1 a conversion step failed.")
     verbs = parser.add_subparsers(dest="verb", required=True)
     imp = verbs.add_parser("import-hf", help="a Hugging Face model directory into a Megatron "
-                                             "checkpoint")
+                                             "checkpoint", epilog=parser.epilog,
+                           description="A local Hugging Face model directory into a Megatron "
+                                       "checkpoint at the given parallel layout, with the model "
+                                       "flags to train it.")
     imp.add_argument("--hf-dir", required=True, help="local Hugging Face model directory "
                                                      "(config.json + safetensors)")
     imp.add_argument("--save", required=True, help="the checkpoint directory to write (new)")
@@ -52,7 +55,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     imp.add_argument("--expert-model-parallel-size", type=int, default=1)
     imp.add_argument("--ckpt-format", choices=FORMATS, default="torch_dist")
     exp = verbs.add_parser("export-hf", help="a Megatron checkpoint into a Hugging Face model "
-                                             "directory")
+                                             "directory", epilog=parser.epilog,
+                           description="A checkpoint pretrain_gpt.py wrote through the layer (any "
+                                       "TP/PP/EP, either format) into a Hugging Face model "
+                                       "directory.")
     exp.add_argument("--load", required=True, help="checkpoint directory written by "
                                                    "pretrain_gpt.py (or import-hf)")
     exp.add_argument("--hf-dir", required=True, help="the Hugging Face directory to write (new)")
@@ -61,7 +67,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          "one made from the checkpoint's args")
     exp.add_argument("--max-shard-size", type=float, default=4.0,
                      help="largest safetensors file, in GB (default 4)")
-    opts = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    opts = parser().parse_args(argv)
     try:
         if opts.verb == "import-hf":
             return import_hf(opts)

@@ -38,14 +38,26 @@ WATCHDOG_DIR_ENV = f"{PREFIX}_WATCHDOG_DIR"
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
-def run(argv: List[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+def parser():
+    """torchrun's own parser (its options, then the script and its arguments), as ``mmp run``."""
     from torch.distributed.run import get_args_parser
-    from torch.distributed.run import run as torchrun
 
     parser = get_args_parser()
     parser.prog = "mmp run"
-    args = parser.parse_args(argv)
+    parser.description = ("torchrun with the layer active in every rank: torchrun's options, then "
+                          "the training script and its arguments, unchanged. --max-restarts N "
+                          "restarts a group whose rank died or hung, from the latest checkpoint.")
+    parser.epilog = ("Exit status: 0 the job finished; 1 it failed (after its restarts; which rank, "
+                     "where, and which checkpoint to resume from are said before); 2 a bad "
+                     "option, or the layer refused to activate.")
+    return parser
+
+
+def run(argv: List[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run as torchrun
+
+    args = parser().parse_args(argv)
     script_args = list(args.training_script_args)
     if not args.no_python and not args.module and not os.path.isfile(args.training_script):
         raise ArgumentError(

@@ -27,9 +27,12 @@ commands:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # a usage error, as argparse has it: the usage on stderr, status 2
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(USAGE)
-        return 0 if argv else 2
+        return 0
     command, rest = argv[0], argv[1:]
     if command in ("--version", "-V", "version"):
         from megatron_musa_patch.core.version import __version__
@@ -64,8 +67,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 2
 
 
-def _doctor(command: str, rest: List[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"mmp {command}")
+#: what each command's exit status means (``--help`` says it, docs/reference/cli.md lists it)
+EXIT_STATUS = {
+    "doctor": "Exit status: 0 the report was printed; 2 the layer refused to activate (one "
+              "paragraph: the setting, release or patch, and what to do).",
+    "patches": "Exit status: 0 the table was printed; 1 with --resolve-all, a record meant for this "
+               "release does not resolve (with --strict: or was not verified on it); 2 the layer "
+               "refused to activate, or a bad option.",
+}
+DESCRIPTIONS = {
+    "doctor": "The device, the installed releases, the torch mapping, and every patch of the "
+              "layer with its status and why.",
+    "patches": "The patch table: one row per logical patch (--all: per record), machine-readable "
+               "with --json; --resolve-all checks every record's target on the installed "
+               "release, whatever the device.",
+}
+
+
+def doctor_parser(command: str = "doctor") -> argparse.ArgumentParser:
+    """``mmp doctor`` and ``mmp patches`` (one parser: the same report, two defaults)."""
+    parser = argparse.ArgumentParser(prog=f"mmp {command}", description=DESCRIPTIONS[command],
+                                     epilog=EXIT_STATUS[command])
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--all", action="store_true", help="one row per patch (no grouping)")
     parser.add_argument("--no-import", action="store_true",
@@ -78,6 +100,24 @@ def _doctor(command: str, rest: List[str]) -> int:
                         help="with --resolve-all: exit 1 also if a record meant for this release "
                              "was not verified on it (a release the support tables gained since, "
                              "or one outside them under MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED)")
+    return parser
+
+
+def parsers() -> dict:
+    """Every command's parser, by command (the CLI reference is generated from these)."""
+    from megatron_musa_patch.checkpoint.cli import parser as checkpoint_parser
+    from megatron_musa_patch.data.cli import parser as data_parser
+
+    from .launch import parser as run_parser
+    from .selftest import parser as selftest_parser
+
+    return {"run": run_parser(), "doctor": doctor_parser("doctor"),
+            "patches": doctor_parser("patches"), "selftest": selftest_parser(),
+            "data": data_parser(), "checkpoint": checkpoint_parser()}
+
+
+def _doctor(command: str, rest: List[str]) -> int:
+    parser = doctor_parser(command)
     opts = parser.parse_args(rest)
     if opts.strict and not opts.resolve_all:
         parser.error("--strict goes with --resolve-all")

@@ -41,8 +41,11 @@ MODELS: Dict[str, List[str]] = {
 DEFAULT_LAYOUTS = ("tp2", "pp2", "dp2-distopt")
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(prog="mmp selftest", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mmp selftest", description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="Exit status: 0 every layout matched the 1-rank losses; 1 one did not, or a run "
+               "failed (its log is shown); 2 a bad option.")
     p.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS),
                    help=f"comma-separated, from {', '.join(LAYOUTS)} (default: %(default)s)")
     p.add_argument("--model", default="dense", choices=tuple(MODELS),
@@ -55,7 +58,11 @@ def parse(argv):
     p.add_argument("--keep", help="keep the run directory here (default: a temporary one)")
     p.add_argument("--timeout", type=float, default=600,
                    help="seconds one torchrun launch may take before it is killed")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv):
+    return parser().parse_args(argv)
 
 
 def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float) -> dict:

@@ -103,7 +103,8 @@ def torch_series() -> str:
 
 
 def markdown_tables() -> str:
-    """The README's support tables (tests/unit/test_upstream_tables.py checks the README)."""
+    """The support tables of the README and docs/installation.md (tests/unit/test_upstream_check.py
+    checks both)."""
     rows = ["| megatron-core | Megatron-LM tag | Python | `megatron.training` from |",
             "|---|---|---|---|"]
     for r in MEGATRON:

@@ -83,6 +83,7 @@ def test_setup_constraints_and_readme_derive_from_the_tables():
     assert "TABLES.MEGATRON_REQUIREMENT" in setup and "TABLES.TORCH_REQUIREMENT" in setup
     assert "TABLES.TORCH_EXTRA" in setup and "torch>=" not in setup
     assert tables.markdown_tables() in (REPO / "README.md").read_text()
+    assert tables.markdown_tables() in (REPO / "docs" / "installation.md").read_text()
     constraints = (REPO / "scripts" / "constraints.txt").read_text().split()
     assert f"torch{tables.TORCH_SUPPORTED}" in constraints
     assert tables.MEGATRON_REQUIREMENT in constraints
