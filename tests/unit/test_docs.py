@@ -40,3 +40,13 @@ def test_every_documentation_page_is_in_the_site_navigation():
     nav = (REPO / "mkdocs.yml").read_text()
     pages = sorted(p.relative_to(REPO / "docs").as_posix() for p in (REPO / "docs").rglob("*.md"))
     assert [p for p in pages if f": {p}" not in nav] == []
+
+
+def test_every_example_folder_has_a_readme_naming_its_scripts():
+    for folder in sorted(p for p in (REPO / "examples").iterdir()
+                         if p.is_dir() and p.name not in ("quickstart",)):
+        readme = folder / "README.md"
+        assert readme.is_file(), folder.name
+        text = readme.read_text()
+        scripts = [p.name for p in folder.iterdir() if p.suffix in (".sh", ".py")]
+        assert scripts and all(name in text for name in scripts), (folder.name, scripts)

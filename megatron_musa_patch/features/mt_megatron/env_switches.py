@@ -4,7 +4,7 @@ MT-Megatron's ``musa_patch`` reads these at import (MooreThreads/MT-MegatronLM; 
 each from its code). The layer reads them once, with its settings (``Settings.mt_env``). A switch
 that asks for something the layer does itself is honoured (nothing to do); one that asks for a
 feature the layer does not have is named in one warning at start-up (rank 0), with what to use
-instead. ``mmp doctor`` lists the same verdicts. ``verdicts`` is the table the README shows.
+instead. ``mmp doctor`` lists the same verdicts. ``verdicts`` is the table docs/mt-megatron.md shows.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def build(device_type: str):
     from torch_musa.utils import musa_extension
 
     # torch_musa's own loader, not torchada's ported CUDAExtension route: the sources are
-    # portable already (see sources.write_mu_wrappers and the README's csrc section)
+    # portable already (see sources.write_mu_wrappers and docs/features/fused-ops.md)
     sources = [str(root / BINDING_SOURCE)] + write_mu_wrappers(root, directory / "mu")
     return musa_extension.load(name=name, sources=sources, extra_include_paths=include,
                                extra_cflags=CXX_FLAGS + ["-DUSE_MUSA"], extra_musa_cflags=MCC_FLAGS,
