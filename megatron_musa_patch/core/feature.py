@@ -66,7 +66,10 @@ def ordered(plugins: Iterable[Any]) -> List[Any]:
     stopped applying would change which wrapper sits outside which."""
     by_name: Dict[str, Any] = {}
     for plugin in plugins:
-        by_name[declaration(plugin).name] = plugin
+        name = declaration(plugin).name
+        if name in by_name:  # one would silently replace the other
+            raise PluginError(f"two plugins declare the feature '{name}'; rename one of them.")
+        by_name[name] = plugin
     decl = {name: declaration(p) for name, p in by_name.items()}
     preds: Dict[str, set] = {name: set() for name in by_name}
     for name, d in decl.items():

@@ -34,6 +34,8 @@ def test_misspelt_and_cyclic_orderings_are_refused():
         ordered([plugin("a", after=["nope"])])
     with pytest.raises(PluginError, match="a, b are ordered after each other"):
         ordered([plugin("a", after=["b"]), plugin("b", after=["a"])])
+    with pytest.raises(PluginError, match="two plugins declare the feature 'a'"):
+        ordered([plugin("a"), plugin("a")])
 
 
 def test_feature_takes_its_name_from_the_module_path():
