@@ -12,6 +12,15 @@ def test_the_committed_pages_are_what_the_code_says():
     assert (REPO / "docs" / "reference" / "cli.md").read_text() == docs_reference.cli_page()
     assert (REPO / "docs" / "reference" / "environment.md").read_text() == \
         docs_reference.environment_page()
+    assert (REPO / "docs" / "troubleshooting.md").read_text() == \
+        docs_reference.troubleshooting_page()
+
+
+def test_troubleshooting_lists_every_refusal_of_the_catalogue():
+    page = docs_reference.troubleshooting_page()
+    rows = docs_reference.catalogue_rows()
+    assert len(rows) > 80
+    assert [r[0] for r in rows if f"(row {r[0]})." not in page] == []
 
 
 def _every_parser(parser):
