@@ -65,12 +65,13 @@ def ordered(plugins: Iterable[Any]) -> List[Any]:
     A name in ``after`` that matches no feature, or a cycle, is refused: an ordering that quietly
     stopped applying would change which wrapper sits outside which."""
     by_name: Dict[str, Any] = {}
+    decl: Dict[str, Feature] = {}
     for plugin in plugins:
-        name = declaration(plugin).name
-        if name in by_name:  # one would silently replace the other
-            raise PluginError(f"two plugins declare the feature '{name}'; rename one of them.")
-        by_name[name] = plugin
-    decl = {name: declaration(p) for name, p in by_name.items()}
+        declared = declaration(plugin)
+        if declared.name in by_name:  # one would silently replace the other
+            raise PluginError(f"two plugins declare the feature '{declared.name}'; rename one of "
+                              f"them.")
+        by_name[declared.name], decl[declared.name] = plugin, declared
     preds: Dict[str, set] = {name: set() for name in by_name}
     for name, d in decl.items():
         for wanted in d.after:

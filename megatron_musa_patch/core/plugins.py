@@ -85,6 +85,6 @@ def feature_names(pm: pluggy.PluginManager) -> List[str]:
 
 def toggles(pm: pluggy.PluginManager, settings: Settings) -> Toggles:
     """The switched-off features; unknown names are an error (a typo would be silent)."""
-    required = {name: bool(declaration(plugin) and declaration(plugin).required)
-                for name, plugin in feature_plugins(pm).items()}
+    declared = {name: declaration(plugin) for name, plugin in feature_plugins(pm).items()}
+    required = {name: bool(d and d.required) for name, d in declared.items()}
     return decide(required, settings.disable, settings.only)

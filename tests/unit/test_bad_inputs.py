@@ -24,8 +24,8 @@ from megatron_musa_patch.data.errors import DataError
 from megatron_musa_patch.core.errors import MegatronMusaPatchError, UnsupportedOnDeviceError
 
 from ..conftest import REPO, run_python, subprocess_env
+from tools.docs_reference import catalogue_rows  # the one reader of the catalogue
 
-CATALOGUE = REPO / "docs" / "bad_inputs.md"
 MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
 
 
@@ -37,15 +37,6 @@ def one_paragraph(stderr: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the catalogue
-
-
-def catalogue_rows():
-    rows = []
-    for line in CATALOGUE.read_text(encoding="utf-8").splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells and cells[0].isdigit():
-            rows.append(cells)
-    return rows
 
 
 def test_every_row_names_a_real_test():
