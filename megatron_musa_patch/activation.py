@@ -20,7 +20,7 @@ from typing import List, Optional
 from .core import settings as settings_module
 from .device import torchada_import
 from .core.errors import (ActivationOrderError, DeviceSelectionError,
-                                             MegatronMusaPatchError)
+                          MegatronMusaPatchError)
 from .core.session import Session
 from .upstream import check as release_check, installed, tables
 

@@ -56,14 +56,14 @@ FEATURE = feature(
     "optimizer CPU offload (HybridDeviceOptimizer) on every device; the precision-aware "
     "optimizer without TransformerEngine",
     flag_needs=(
-    FlagNeed("--optimizer-cpu-offload", devices=OFF_CUDA,
-             because="upstream's HybridDeviceOptimizer tells device from host tensors by "
-                     ".is_cuda, so off CUDA it offloads nothing and then fails"),
-    FlagNeed("--use-precision-aware-optimizer",
-             when=lambda args: getattr(args, "use_precision_aware_optimizer", False)
-             and te_missing(),
-             because="upstream's precision-aware Adam is TransformerEngine's FusedAdam"),
-),
+        FlagNeed("--optimizer-cpu-offload", devices=OFF_CUDA,
+                 because="upstream's HybridDeviceOptimizer tells device from host tensors by "
+                         ".is_cuda, so off CUDA it offloads nothing and then fails"),
+        FlagNeed("--use-precision-aware-optimizer",
+                 when=lambda args: getattr(args, "use_precision_aware_optimizer", False)
+                 and te_missing(),
+                 because="upstream's precision-aware Adam is TransformerEngine's FusedAdam"),
+    ),
     after=("upstream_fixes.distopt_load_no_grad",
            "upstream_fixes.distopt_step_counters",
            "upstream_fixes.optimizer_lr_unset"))

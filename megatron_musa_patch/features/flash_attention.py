@@ -47,12 +47,12 @@ FEATURE = feature(
     __name__,
     "--use-flash-attn on the local spec: core attention through SDPA",
     flag_needs=(FlagNeed(
-    "--use-flash-attn",
-    when=lambda args: getattr(args, "use_flash_attn", False)
-    and not getattr(args, "use_legacy_models", False)
-    and getattr(args, "transformer_impl", "local") == "local",
-    because="with --transformer-impl local: upstream's local attention has no flash path and "
-            "would ignore the flag"),))
+        "--use-flash-attn",
+        when=lambda args: getattr(args, "use_flash_attn", False)
+        and not getattr(args, "use_legacy_models", False)
+        and getattr(args, "transformer_impl", "local") == "local",
+        because="with --transformer-impl local: upstream's local attention has no flash path and "
+                "would ignore the flag"),))
 
 
 @dataclasses.dataclass

@@ -44,10 +44,10 @@ FEATURE = feature(
     __name__,
     "--multi-latent-attention with the local (no TransformerEngine) attention",
     flag_needs=(FlagNeed("--multi-latent-attention",
-                       when=lambda args: getattr(args, "multi_latent_attention", False)
-                       and getattr(args, "transformer_impl", "local") == "local",
-                       because="on the local spec upstream's MLA passes arguments the local "
-                               "attention does not take"),))
+                           when=lambda args: getattr(args, "multi_latent_attention", False)
+                           and getattr(args, "transformer_impl", "local") == "local",
+                           because="on the local spec upstream's MLA passes arguments the local "
+                                   "attention does not take"),))
 
 
 @hookimpl

@@ -71,11 +71,11 @@ FEATURE = feature(
     __name__,
     "--moe-permute-fusion and --moe-grouped-gemm without TransformerEngine/grouped_gemm",
     flag_needs=(
-    FlagNeed("--moe-permute-fusion", when=_permute_fusion_needs_us,
-             because="upstream needs TransformerEngine for it"),
-    FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
-             because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
-),
+        FlagNeed("--moe-permute-fusion", when=_permute_fusion_needs_us,
+                 because="upstream needs TransformerEngine for it"),
+        FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
+                 because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
+    ),
     after=("recompute", "megatron_args"))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from .mmp_data_helpers import (data_main, make_docs, read_pair, reference_pairs, same_files,
-                      tokenizer_args, write_jsonl)
+                               tokenizer_args, write_jsonl)
 
 
 def build_tok(**kw):

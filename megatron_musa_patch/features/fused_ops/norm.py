@@ -35,16 +35,16 @@ FEATURE = feature(
     __name__,
     "fused norms without Apex (ops.norm): --persist-layer-norm, --sequence-parallel",
     flag_needs=(
-    FlagNeed("--persist-layer-norm",
-             when=lambda args: _local_without_apex(args)
-             and not getattr(args, "no_persist_layer_norm", True),
-             because="on by default; the local spec's torch norms assert it off",
-             instead="add --no-persist-layer-norm"),
-    FlagNeed("--sequence-parallel",
-             when=lambda args: _local_without_apex(args)
-             and getattr(args, "sequence_parallel", False),
-             because="the local spec's torch norms assert it off"),
-))
+        FlagNeed("--persist-layer-norm",
+                 when=lambda args: _local_without_apex(args)
+                 and not getattr(args, "no_persist_layer_norm", True),
+                 because="on by default; the local spec's torch norms assert it off",
+                 instead="add --no-persist-layer-norm"),
+        FlagNeed("--sequence-parallel",
+                 when=lambda args: _local_without_apex(args)
+                 and getattr(args, "sequence_parallel", False),
+                 because="the local spec's torch norms assert it off"),
+    ))
 
 
 @hookimpl

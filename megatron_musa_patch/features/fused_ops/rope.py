@@ -37,11 +37,11 @@ FEATURE = feature(
     __name__,
     "--rope-fusion without TransformerEngine (ops.rope)",
     flag_needs=(FlagNeed(
-    "--rope-fusion",
-    when=lambda args: getattr(args, "apply_rope_fusion", False) and _uses_rope(args)
-    and not te_installed(),
-    because="on by default with RoPE; upstream needs TransformerEngine for it",
-    instead="add --no-rope-fusion"),))
+        "--rope-fusion",
+        when=lambda args: getattr(args, "apply_rope_fusion", False) and _uses_rope(args)
+        and not te_installed(),
+        because="on by default with RoPE; upstream needs TransformerEngine for it",
+        instead="add --no-rope-fusion"),))
 
 
 @hookimpl

@@ -22,12 +22,12 @@ FEATURE = feature(
     __name__,
     "--masked-softmax-fusion without Megatron's fused kernels (ops.softmax)",
     flag_needs=(FlagNeed(
-    "--masked-softmax-fusion",
-    when=lambda args: getattr(args, "masked_softmax_fusion", False)
-    and (getattr(args, "fp16", False) or getattr(args, "bf16", False)) and local_spec(args)
-    and not importable("scaled_masked_softmax_cuda"),
-    because="on by default for fp16/bf16; upstream needs Megatron's scaled_masked_softmax_cuda",
-    instead="add --no-masked-softmax-fusion"),))
+        "--masked-softmax-fusion",
+        when=lambda args: getattr(args, "masked_softmax_fusion", False)
+        and (getattr(args, "fp16", False) or getattr(args, "bf16", False)) and local_spec(args)
+        and not importable("scaled_masked_softmax_cuda"),
+        because="on by default for fp16/bf16; upstream needs Megatron's scaled_masked_softmax_cuda",
+        instead="add --no-masked-softmax-fusion"),))
 
 
 @hookimpl

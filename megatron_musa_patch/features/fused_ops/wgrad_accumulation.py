@@ -20,11 +20,11 @@ FEATURE = feature(
     __name__,
     "--gradient-accumulation-fusion without Apex (ops.grad_accum)",
     flag_needs=(FlagNeed(
-    "--gradient-accumulation-fusion",
-    when=lambda args: getattr(args, "gradient_accumulation_fusion", False)
-    and not importable(MODULE) and not (te_installed() and not local_spec(args)),
-    because=f"on by default; upstream needs Apex's {MODULE} for it",
-    instead="add --no-gradient-accumulation-fusion"),))
+        "--gradient-accumulation-fusion",
+        when=lambda args: getattr(args, "gradient_accumulation_fusion", False)
+        and not importable(MODULE) and not (te_installed() and not local_spec(args)),
+        because=f"on by default; upstream needs Apex's {MODULE} for it",
+        instead="add --no-gradient-accumulation-fusion"),))
 
 
 @hookimpl

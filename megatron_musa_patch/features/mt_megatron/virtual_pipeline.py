@@ -31,9 +31,9 @@ FEATURE = feature(
     "--num-layers-per-virtual-pipeline-stage with an uneven pipeline "
     "(--decoder-first/last-pipeline-num-layers): virtual stages per rank",
     flag_needs=(FlagNeed(
-    "--num-layers-per-virtual-pipeline-stage", when=_uneven_with_layers_per_stage,
-    because="with --decoder-first/last-pipeline-num-layers; Megatron-LM asserts for that pair",
-    instead="give --num-virtual-stages-per-pipeline-rank instead"),))
+        "--num-layers-per-virtual-pipeline-stage", when=_uneven_with_layers_per_stage,
+        because="with --decoder-first/last-pipeline-num-layers; Megatron-LM asserts for that pair",
+        instead="give --num-virtual-stages-per-pipeline-rank instead"),))
 
 
 def stage_layers(num_layers: int, stages: int, first, last):
