@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
 from tools.machine import describe  # noqa: E402
-from tests.stock.runner import run_stock  # noqa: E402
+from tests.harness.stock import run_stock  # noqa: E402
 
 # about 43 M parameters: a save writes ~0.5 GB (fp32 weights and Adam's two moments)
 MODEL = ["--num-layers", "6", "--hidden-size", "768", "--num-attention-heads", "12",

@@ -256,8 +256,8 @@ def run_e2e(opts):
         print("end to end: skipped -- set MEGATRON_LM_PATH to a Megatron-LM checkout of tag "
               "core_v0.16.1")
         return
-    from tests.stock import runner
-    from tests.stock.test_fusion_defaults import FUSED_TINY
+    from tests.harness import stock as runner
+    from tests.features.fused_ops.test_stock import FUSED_TINY
 
     settings = {"fused defaults": FUSED_TINY, "all --no-* flags": list(runner.TINY)}
     times = {name: [] for name in settings}

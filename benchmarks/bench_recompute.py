@@ -32,7 +32,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
 from tools.machine import describe  # noqa: E402
 
-from tests.core import recompute_layer as rl  # noqa: E402
+from tests.features.recompute import recompute_layer as rl  # noqa: E402
 
 ORDER = ["none", "upstream full", "upstream selective core_attn", "variance", "attn",
          "attn+variance", "mlp", "mlp+variance", "attn+mlp", "attn+mlp+variance"]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
 from tools.machine import describe  # noqa: E402
-from tests.stock.runner import run_stock  # noqa: E402
+from tests.harness.stock import run_stock  # noqa: E402
 
 # big enough that an iteration is compute, small enough for a 2-core machine
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",

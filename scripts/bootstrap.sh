@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 venv=${VENV:-.venv}
-# the oldest torch of megatron_musa_patch/upstream/tables.py (tests/unit/test_ci_pins.py)
+# the oldest torch of megatron_musa_patch/upstream/tables.py (tests/project/test_ci_pins.py)
 torch_version=${TORCH_VERSION:-2.11.0}
 export PIP_CONSTRAINT="$PWD/scripts/constraints.txt"
 if [ ! -x "$venv/bin/python" ]; then
@@ -44,7 +44,7 @@ if [ -n "${PINS_ONLY:-}" ]; then  # the bulk of the download (torch is 5 GB on P
 fi
 # one pip run for the pins and the package: one resolution, one start-up
 "$venv/bin/python" -m pip install --quiet "${pins[@]}" ".[training,data,checkpoint,test,musa]"
-# dlrover-run for its test (tests/stock/test_restarts.py): dlrover and what its standalone master
+# dlrover-run for its test (tests/training/test_restarts.py): dlrover and what its standalone master
 # imports (grpc, protobuf, kubernetes, tornado), without its pynvml, whose import warns in every
 # process that imports torch.cuda (nothing here has NVML)
 "$venv/bin/python" -m pip install --quiet grpcio protobuf kubernetes tornado deprecated requests \

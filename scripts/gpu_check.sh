@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One short check of the csrc kernels on a GPU (CUDA or MUSA): build the extension, run
-# tests/gpu, print the bandwidth table (benchmarks/bench_kernels.py). Installs nothing and
-# downloads nothing: the python used needs torch (a CUDA build, or torch_musa), nvcc / mcc,
-# ninja and pytest. Budget: about 3 minutes, at most ~6 (each step has a timeout).
+# tests/lib/ops/test_kernels_gpu.py, print the bandwidth table (benchmarks/bench_kernels.py).
+# Installs nothing and downloads nothing: the python used needs torch (a CUDA build, or
+# torch_musa), nvcc / mcc, ninja and pytest. Budget: about 3 minutes, at most ~6 (each step has a timeout).
 #
 #   scripts/gpu_check.sh              # PYTHON=... picks the interpreter, OUT=... the log dir
 #   BENCH_ARGS=--no-compile scripts/gpu_check.sh   # skip the torch.compile column
@@ -38,8 +38,8 @@ sys.exit(0 if ok else 1)
 PYEOF
 rc_build=${PIPESTATUS[0]}
 
-step "tests/gpu (numerics vs torch references)"
-timeout 120 $PY -m pytest -q -p no:cacheprovider -rs tests/gpu 2>&1 | tee "$OUT/tests.log" | tail -25
+step "tests/lib/ops/test_kernels_gpu.py (numerics vs torch references)"
+timeout 120 $PY -m pytest -q -p no:cacheprovider -rs tests/lib/ops/test_kernels_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -25
 rc_tests=${PIPESTATUS[0]}
 
 step "bandwidth table"

@@ -65,8 +65,8 @@ CONSTRAINTS = REPO / "scripts" / "constraints.txt"
 STEPS = ("selftest", "resolve", "stock", "suite")
 DEFAULT_STEPS = ("selftest", "resolve", "stock")
 #: the stock tests the CI subset selects, plus the tests of torch's shapes and the release checks
-STOCK_TESTS = ("tests/stock", "tests/unit/test_torch_shapes.py",
-               "tests/unit/test_compatibility.py")
+#: (markers `stock` and `release`, pyproject.toml)
+STOCK_TESTS = ("-m", "stock or release", "tests")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,8 @@ import subprocess
 
 import torch
 
-from ..stock import runner
-from . import tiny_models
+from tests.harness import stock as runner
+from tests.checkpoint import tiny_models
 
 
 def mmp(*args, lm_path, timeout=900, check=True):

@@ -10,7 +10,7 @@ import pytest
 from megatron_musa_patch.checkpoint import families, worker
 from megatron_musa_patch.checkpoint.errors import ConversionError
 
-from .tiny_models import make
+from tests.checkpoint.tiny_models import make
 
 
 class StateOnly:

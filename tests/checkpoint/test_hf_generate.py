@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ..stock import runner
-from . import tiny_models
-from .hf_steps import import_hf, model_flags, ranks
+from tests.harness import stock as runner
+from tests.checkpoint import tiny_models
+from tests.checkpoint.hf_steps import import_hf, model_flags, ranks
 
 pytestmark = pytest.mark.stock
 

@@ -8,8 +8,8 @@ checkpoint)."""
 
 import pytest
 
-from . import tiny_models
-from .hf_steps import (assert_bitwise, batches, first_losses, hf_loss_of, import_hf, mmp, stock,
+from tests.checkpoint import tiny_models
+from tests.checkpoint.hf_steps import (assert_bitwise, batches, first_losses, hf_loss_of, import_hf, mmp, stock,
                        tensors)
 
 pytestmark = pytest.mark.stock

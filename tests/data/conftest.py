@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from .mmp_data_helpers import data_main, make_docs, make_text, write_jsonl
+from tests.data.mmp_data_helpers import data_main, make_docs, make_text, write_jsonl
 
 # ------------------------------------------------------------------ session fixtures
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_musa_patch.data import reference
-from .mmp_data_helpers import data_main, make_docs, run_mmp, same_files, write_jsonl
+from tests.data.mmp_data_helpers import data_main, make_docs, run_mmp, same_files, write_jsonl
 
 pytestmark = pytest.mark.skipif(
     reference.checkout() is None,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from .mmp_data_helpers import data_main, make_docs, read_pair, write_jsonl
+from tests.data.mmp_data_helpers import data_main, make_docs, read_pair, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_weights_by_tokens_documents_uniform(shards, capsys):
 
 def test_blend_does_not_import_megatron_core(shards):
     """blend reads indexes with indexfile: no seconds of megatron-core/torch start-up."""
-    from .mmp_data_helpers import run_mmp_imports
+    from tests.data.mmp_data_helpers import run_mmp_imports
 
     proc, heavy = run_mmp_imports(["blend", shards])
     assert proc.returncode == 0, proc.stderr

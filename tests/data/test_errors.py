@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from .mmp_data_helpers import data_main, make_docs, read_pair, write_jsonl
+from tests.data.mmp_data_helpers import data_main, make_docs, read_pair, write_jsonl
 
 
 def prepare(tmp_path, tok_dir, src, *extra):

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from .mmp_data_helpers import (data_main, make_docs, reference_pairs, run_mmp_imports, same_files,
+from tests.data.mmp_data_helpers import (data_main, make_docs, reference_pairs, run_mmp_imports, same_files,
                                tokenizer_args, write_jsonl)
 
 

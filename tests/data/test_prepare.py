@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from .mmp_data_helpers import (data_main, make_docs, read_pair, reference_pairs, same_files,
+from tests.data.mmp_data_helpers import (data_main, make_docs, read_pair, reference_pairs, same_files,
                                tokenizer_args, write_jsonl)
 
 
@@ -86,7 +86,7 @@ def test_null_tokenizer_identical(tmp_path):
 def test_gpt2bpe_identical(tmp_path, gpt2_files, hf_tokenizer):
     """GPT2BPETokenizer goes through AutoTokenizer('gpt2') in megatron-core 0.16: a fresh process
     with HF_HOME pointing at a cache that holds our files as 'gpt2', offline."""
-    from .mmp_data_helpers import run_mmp
+    from tests.data.mmp_data_helpers import run_mmp
 
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(120, seed=5))
     proc = run_mmp(["prepare", "--input", src, "--output-prefix", tmp_path / "out",
@@ -150,7 +150,7 @@ def test_txt_whole_file(tmp_path, hf_tokenizer):
 def test_exact_path_matches_fast_path(tmp_path, hf_tokenizer, sp_model):
     """The batched encoders give the ids `tokenize` gives (the generic path is preprocess's)."""
     from megatron_musa_patch.data.tokenizer import TextEncoder
-    from .mmp_data_helpers import make_text
+    from tests.data.mmp_data_helpers import make_text
     import random
 
     import shutil

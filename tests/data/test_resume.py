@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .mmp_data_helpers import REPO, data_main, make_docs, read_pair, write_jsonl
+from tests.data.mmp_data_helpers import REPO, data_main, make_docs, read_pair, write_jsonl
 
 
 def argv(src_dir, out, tok, *extra):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from .mmp_data_helpers import data_main, run_mmp, tokenizer_args
+from tests.data.mmp_data_helpers import data_main, run_mmp, tokenizer_args
 
 
 def test_loads_through_megatron_builder_offline(hf_tokenizer):

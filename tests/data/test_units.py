@@ -217,7 +217,7 @@ def test_progress_plain_lines_and_bar():
 
 
 def test_manifest_is_written_next_to_pair(tmp_path, hf_tokenizer):
-    from .mmp_data_helpers import data_main, make_docs, write_jsonl
+    from tests.data.mmp_data_helpers import data_main, make_docs, write_jsonl
 
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(20))
     assert data_main(["prepare", "--input", src, "--output-prefix", tmp_path / "o",

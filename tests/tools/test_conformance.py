@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 from tools.conformance import classify, render, runner, tables
 

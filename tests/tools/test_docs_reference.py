@@ -5,7 +5,7 @@ import argparse
 
 from tools import docs_reference
 
-from ..conftest import REPO
+from tests.conftest import REPO
 
 
 def test_the_committed_pages_are_what_the_code_says():

@@ -1,0 +1,198 @@
+"""The three activation routes, diagnostics, and bad input (each a subprocess)."""
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, run_python, subprocess_env
+
+MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
+PLUGINS = str(FIXTURES / "plugins")
+
+
+def one_paragraph(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [l for l in stderr.splitlines() if l.startswith("megatron_musa_patch: error:")]
+    assert len(lines) == 1, stderr
+    return " ".join(stderr.split())
+
+
+def test_import_activates_once():
+    proc = run_python(
+        "import megatron_musa_patch as m, torch\n"
+        "a = m.activate(); assert a is m.activate()\n"
+        "assert torch.cuda.is_available() and torch.empty(1, device='cuda').device.type == 'cpu'\n"
+        "print(a.device.name, sum(r.status == 'applied' for r in m.report()))",
+        env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr
+    name, applied = proc.stdout.split()
+    assert name == "cpu" and int(applied) > 100
+
+
+def test_pth_route_activates_only_when_asked():
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert (site / "megatron_musa_patch.pth").is_file(), "install the package (pip install .)"
+    probe = "import torch; print(torch.cuda.is_available())"
+    assert run_python(probe, env=subprocess_env(MEGATRON_MUSA_PATCH="1")).stdout.strip() == "True"
+    assert run_python(probe).stdout.strip() == "False"
+    # unset, the start-up line imports nothing of ours (and no torch)
+    quiet = run_python("pass", args=("-X", "importtime"))
+    assert "megatron_musa_patch" not in quiet.stderr and " torch" not in quiet.stderr
+
+
+@pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
+def test_mmp_run_runs_the_script_as_main_in_every_rank(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "if __name__ == '__main__':\n"
+        "    torch.distributed.init_process_group('nccl')\n"
+        "    t = torch.ones(1, device='cuda') * (torch.distributed.get_rank() + 1)\n"
+        "    torch.distributed.all_reduce(t)\n"
+        "    line = ' '.join(map(str, ['RANK', os.environ['RANK'], __name__, sys.argv[1:],"
+        " t.item(), torch.distributed.get_backend()]))\n"
+        "    open(os.path.join(os.path.dirname(__file__), 'rank' + os.environ['RANK']), 'w')"
+        ".write(line)\n")
+    import subprocess
+    proc = subprocess.run([MMP, "run", "--nproc-per-node", "2", str(script), "--flag", "x"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [(tmp_path / f"rank{r}").read_text() for r in (0, 1)]
+    assert lines == [f"RANK {r} __main__ ['--flag', 'x'] 3.0 gloo" for r in (0, 1)]
+
+
+@pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
+def test_mmp_patches_json_and_doctor():
+    import subprocess
+
+    from megatron_musa_patch.upstream import installed
+    proc = subprocess.run([MMP, "patches", "--json"], env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = json.loads(proc.stdout)
+    assert table["device"]["name"] == "cpu" and table["device"]["backend"] == "gloo"
+    statuses = {p["id"]: p["status"] for p in table["patches"]}
+    assert statuses["device.torch_cuda.current_device"] == "applied"
+    # megatron.core was imported: applied, or skipped where upstream fixed it (0.17+)
+    from megatron_musa_patch.upstream import facts
+
+    fixed = facts.holds("moe_utils_defines_te_names", installed.megatron_core_version())
+    assert statuses["upstream_fixes.moe_te_general_gemm"] == ("skipped" if fixed else "applied")
+    assert not [p for p in table["patches"] if p["status"] == "failed"]
+    doctor = subprocess.run([MMP, "doctor"], env=subprocess_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert doctor.returncode == 0 and "device cpu" in doctor.stdout
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_unknown_device_name():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="tpu"))
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "MEGATRON_MUSA_PATCH_DEVICE='tpu'" in text and "auto, musa, cpu, cuda" in text
+
+
+def test_musa_requested_without_torch_musa():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="musa"))
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "torch_musa cannot be imported" in text and "MEGATRON_MUSA_PATCH_DEVICE=cpu" in text
+
+
+def test_missing_patch_target_names_target_feature_and_version():
+    from megatron_musa_patch.upstream import installed
+
+    proc = run_python("import megatron_musa_patch\nimport megatron.core.utils",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_PLUGINS="broken_target_plugin",
+                                         PYTHONPATH=PLUGINS))
+    assert proc.returncode != 0
+    text = one_paragraph(proc.stderr)
+    for part in ("megatron.core.utils:no_such_function", "feature 'broken_target'",
+                 str(installed.megatron_core_version())):
+        assert part in text
+
+
+def test_activation_after_megatron_was_imported():
+    proc = run_python("import megatron.core\nimport megatron_musa_patch")
+    assert proc.returncode == 2
+    text = one_paragraph(proc.stderr)
+    assert "activated after Megatron was imported" in text and "mmp run" in text
+
+
+def test_wrong_megatron_lm_path(tmp_path):
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_LM_PATH=str(tmp_path)))
+    assert proc.returncode == 2
+    assert "is not a Megatron-LM checkout" in one_paragraph(proc.stderr)
+
+
+def test_unknown_feature_toggle():
+    proc = run_python("import megatron_musa_patch",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="recompute_typo"))
+    assert proc.returncode == 2
+    assert "unknown features ['recompute_typo']" in one_paragraph(proc.stderr)
+
+
+def test_disable_and_only_toggles_switch_features_off():
+    code = ("import megatron_musa_patch as m\n"
+            "print(sorted({r.feature for r in m.report() if r.status == 'skipped'"
+            " and 'switched off' in r.reason}))")
+
+    def switched_off(**env):
+        proc = run_python(code, env=subprocess_env(**env))
+        assert proc.returncode == 0, proc.stderr
+        return set(eval(proc.stdout.strip()))
+
+    fixes = switched_off(MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes")
+    assert fixes and all(f.startswith("upstream_fixes.") for f in fixes)
+    assert {"upstream_fixes.checkpoint_without_output_fp8",
+            "upstream_fixes.expert_bias_out_of_place"} <= fixes
+    only_none = switched_off(MEGATRON_MUSA_PATCH_ONLY="none")
+    assert fixes | {"mla_local", "moe_device_balance", "fused_ops.rope"} <= only_none
+    assert not only_none & {"device", "collectives", "megatron_args", "cuda_free_startup"}
+    only_mla = switched_off(MEGATRON_MUSA_PATCH_ONLY="mla_local")
+    assert "mla_local" not in only_mla and fixes <= only_mla
+
+
+def test_one_fusion_off_leaves_the_others_on():
+    code = ("import megatron_musa_patch as m\n"
+            "print(sorted({r.feature for r in m.report() if r.status == 'skipped'"
+            " and 'switched off' in r.reason}))")
+    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="fused_ops.rope"))
+    assert proc.returncode == 0, proc.stderr
+    assert eval(proc.stdout.strip()) == ["fused_ops.rope"]
+    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_ONLY="fused_ops"))
+    assert proc.returncode == 0, proc.stderr
+    off = set(eval(proc.stdout.strip()))
+    assert not any(f.startswith("fused_ops.") for f in off) and "recompute" in off
+
+
+def test_activation_imports_no_megatron_module():
+    """The layer orders sys.path when ``megatron`` is first imported (a launcher puts the script's
+    directory, often a checkout, first after activation); importing it during activation would
+    fix the namespace package's order before that (the start-up hook route)."""
+    proc = run_python("import sys, megatron_musa_patch\n"
+                      "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("value, active", [("0", False), ("off", False), ("no", False),
+                                           ("1", True), ("on", True)])
+def test_autoactivate_takes_every_spelling_the_settings_take(value, active):
+    """MEGATRON_MUSA_PATCH_AUTOACTIVATE has one reader (core.settings.autoactivate): 'off' stops
+    the import's activation as '0' does (it was accepted by the settings and then ignored)."""
+    proc = run_python("import megatron_musa_patch as m; print(m.is_active())",
+                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
+                                         MEGATRON_MUSA_PATCH_AUTOACTIVATE=value))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == str(active)

@@ -1,0 +1,240 @@
+"""The hang watchdog (features/hang_watchdog.py, elastic/): its deadlines, that it really ends a
+hung process with a report the launcher reads, what the launcher says from the reports, and the
+restarted group's store prefix (features/restart_store.py). The whole path through torchrun and
+pretrain_gpt.py: tests/training/test_restarts.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from megatron_musa_patch.cli import launch
+from megatron_musa_patch.lib.elastic import reports
+from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
+from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.features import hang_watchdog, restart_store
+
+
+def test_deadlines_first_of_a_kind_then_twice_the_slowest_with_a_floor():
+    d = Deadlines(timeout=60, first=600)
+    assert d.allowed("step") == 600 and d.allowed("save") == 600
+    d.finished("step", 500.0)  # the first step warms up: it sets no deadline
+    assert d.allowed("step") == 60
+    d.finished("step", 20.0)
+    d.finished("step", 45.0)
+    assert d.allowed("step") == 90
+    d.finished("save", 10.0)  # a first save counts
+    assert d.allowed("save") == 60
+    d.finished("save", 40.0)
+    assert d.allowed("save") == 80
+    assert Deadlines(timeout=60, first=5).allowed("step") == 60  # never below the timeout
+
+
+HUNG = textwrap.dedent("""
+    import sys, time
+    from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
+    dog = Watchdog.for_rank(Deadlines(timeout=float(sys.argv[2]), first=1.0), 3, sys.argv[1])
+    dog.in_loop = True
+    with dog.section("step", "training step of iteration 1"):
+        time.sleep(0.1)
+    with dog.section("step", "training step of iteration 2"):
+        def waits_forever():
+            time.sleep(30)
+        waits_forever()
+""")
+
+
+def test_a_hung_process_ends_itself_with_a_report_the_launcher_reads(tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", HUNG, str(tmp_path), "1.5"],
+                          capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    assert took < 15, took
+    found = reports.read(str(tmp_path))
+    assert list(found) == [3]
+    report = found[3]
+    assert report.fired and report.pid > 0 and report.timeout == 1.5
+    assert report.where == "training step of iteration 2"
+    assert "waits_forever" in report.innermost() and not report.in_collective()
+    assert report.main_stack_text().startswith(
+        "mmp run: rank 3's main thread when its hang watchdog fired (innermost first):\n  File")
+
+
+def test_a_process_that_keeps_its_deadlines_is_not_ended(tmp_path):
+    script = HUNG.replace("\n    waits_forever()\n", "\n    time.sleep(0.2)\n")
+    assert script != HUNG
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), "1.5"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # the loop's deadline for the next step is armed: the report names it, without stacks
+    report = reports.read(str(tmp_path))[3]
+    assert not report.fired
+    assert report.where == "after the training step of iteration 2, before the next step"
+
+
+def _report(rank, where="training step of iteration 6", stacks=""):
+    return reports.RankReport(rank, 100 + rank, 60.0, where, stacks)
+
+
+COLLECTIVE = (f"Timeout (0:01:00)!\nThread 0x1 (most recent call first):\n"
+              f'  File "{os.sep}x{os.sep}torch{os.sep}distributed{os.sep}distributed_c10d.py", '
+              f"line 5 in all_reduce\n"
+              f'  File "/x/megatron/training/training.py", line 9 in train_step\n')
+PYTHON_LOOP = ("Timeout (0:01:00)!\nThread 0x2 (most recent call first):\n"
+               '  File "/x/threading.py", line 355 in wait\n'
+               '  File "/x/threading.py", line 1030 in _bootstrap\n\n'
+               "Thread 0x3 (most recent call first):\n"
+               '  File "/x/data.py", line 7 in spin\n'
+               '  File "/x/pretrain_gpt.py", line 1 in <module>\n')
+
+
+def test_diagnosis_tells_frozen_hung_and_waiting_ranks_apart():
+    sigterm = -signal.SIGTERM
+    # rank 1 frozen (armed, never fired, stopped by the agent); rank 0 waited in a collective
+    frozen = reports.diagnosis({0: _report(0, stacks=COLLECTIVE), 1: _report(1)},
+                               {0: 1, 1: sigterm})
+    assert frozen == ("rank 1 (pid 101) stopped in the training step of iteration 6 and did not "
+                      "answer its hang watchdog: it was frozen (stopped by a signal such as "
+                      "SIGSTOP, held by a debugger, or stuck where Python cannot run); rank 0 "
+                      "waited for it in a collective for 60 s and ended itself.")
+    # rank 1 hung in a Python loop of the main thread (not the helper thread's wait)
+    hung = reports.diagnosis({0: _report(0, stacks=COLLECTIVE), 1: _report(1, stacks=PYTHON_LOOP)},
+                             {0: 1, 1: 1})
+    assert hung.startswith("rank 1 (pid 101) made no progress for 60 s in the training step of "
+                           'iteration 6 and was ended by its hang watchdog; it was at File '
+                           '"/x/data.py", line 7 in spin')
+    assert "frozen" not in hung and hung.endswith("rank 0 waited for it in a collective for 60 s "
+                                                  "and ended itself.")
+    # no watchdog fired: the exit statuses tell (a rank killed, or failing on its own)
+    assert reports.diagnosis({0: _report(0), 1: _report(1)}, {1: -9, 0: sigterm}) is None
+
+
+def test_failure_report_before_a_restart_and_when_none_is_left(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / launch.TRACKER).write_text("4")
+    failure = types.SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=0)
+    stopped = types.SimpleNamespace(exitcode=-signal.SIGTERM, local_rank=1, pid=101, timestamp=0)
+    watchdog = {0: _report(0, stacks=COLLECTIVE), 1: _report(1)}
+    script = ["--save", str(ckpt), "--load", str(ckpt)]
+    before = launch.failure_report({0: failure, 1: stopped}, script, watchdog, restart=(1, 2))
+    assert before.startswith("mmp run: rank 0's main thread when its hang watchdog fired")
+    assert before.splitlines()[-1].endswith(
+        f"torchrun restarts the group (restart 1 of 2). The latest complete checkpoint in {ckpt} "
+        f"is iteration 4; the restarted group resumes from it (--load).")
+    final = launch.failure_report({0: failure, 1: stopped}, script, watchdog, max_restarts=2)
+    assert "No restart was left (--max-restarts 2). The latest complete checkpoint" in final
+    no_load = launch.failure_report({0: failure}, ["--save", str(ckpt)], {}, restart=(1, 1))
+    assert no_load.endswith("The script has no --load: the restarted group starts from the "
+                            "beginning (give it --load with the --save directory to resume).")
+
+
+def test_the_agent_wrappers_are_removed_after_the_run():
+    from torch.distributed.elastic.agent.server import api
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    from megatron_musa_patch.lib.elastic.agent import driven
+
+    originals = (LocalElasticAgent.__dict__["_monitor_workers"],
+                 api.SimpleElasticAgent.__dict__["_restart_workers"],
+                 subprocess_handler.SubprocessHandler.__dict__["close"])
+    with driven(lambda *a: None):
+        assert LocalElasticAgent.__dict__["_monitor_workers"] is not originals[0]
+        assert subprocess_handler.SubprocessHandler.__dict__["close"] is not originals[2]
+    assert (LocalElasticAgent.__dict__["_monitor_workers"],
+            api.SimpleElasticAgent.__dict__["_restart_workers"],
+            subprocess_handler.SubprocessHandler.__dict__["close"]) == originals
+
+
+def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
+    """SubprocessHandler.close under mmp run: SIGTERM, then SIGCONT for a stopped rank."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    from megatron_musa_patch.lib.elastic.agent import driven
+
+    import inspect
+
+    extra = {"numa_options": None} if "numa_options" in inspect.signature(
+        subprocess_handler.SubprocessHandler).parameters else {}  # newer torch requires it
+    handler = subprocess_handler.SubprocessHandler(
+        entrypoint=sys.executable, args=("-c", "import time; time.sleep(60)"),
+        env=dict(os.environ), stdout=None, stderr=None, local_rank_id=0, **extra)
+    os.kill(handler.proc.pid, signal.SIGSTOP)
+    with driven(lambda *a: None):
+        handler.close(signal.SIGTERM)
+    assert handler.proc.wait(timeout=10) == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("flag", ["--hang-timeout", "--hang-timeout-first"])
+def test_a_negative_hang_timeout_is_refused(flag):
+    args = types.SimpleNamespace(hang_timeout=60.0, hang_timeout_first=600.0)
+    setattr(args, flag[2:].replace("-", "_"), -5.0)
+    with pytest.raises(ArgumentError) as refused:
+        hang_watchdog.mmp_validate_args(args)
+    assert str(refused.value) == (f"{flag} must be a number of seconds >= 0, not -5.0 "
+                                  f"(--hang-timeout 0 switches the hang watchdog off).")
+
+
+def test_the_restarted_attempt_gets_its_own_store_prefix_on_one_node():
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2",
+           "GROUP_WORLD_SIZE": "1"}
+    assert restart_store.attempt_prefix(env) == "mmp_attempt_2/"
+    # a store of the job's own (mmp run: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), not torchrun
+    assert restart_store.attempt_prefix({**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert restart_store.attempt_prefix({}) is None
+    several = {**env, "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    assert restart_store.attempt_prefix(several) is None  # restart counts differ between nodes
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in restart_store.several_nodes_warning(several)
+    assert restart_store.several_nodes_warning(
+        {**several, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+
+
+def test_header_format_is_what_the_reader_parses(tmp_path):
+    (tmp_path / "rank0.txt").write_text(HEADER.format(rank=0, pid=7, timeout=2.5,
+                                                      where="evaluation (x)"))
+    assert reports.read(str(tmp_path))[0] == reports.RankReport(0, 7, 2.5, "evaluation (x)", "")
+
+
+STALE = textwrap.dedent("""
+    import datetime, os, sys
+    import torch.distributed as dist
+    from megatron_musa_patch.features import restart_store
+    attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+    raw = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                        is_master=False, timeout=datetime.timedelta(seconds=30))
+    mine = restart_store.attempt_store(restart_store.attempt_prefix(os.environ), os.environ,
+                                       datetime.timedelta(seconds=30))
+    if attempt == "0":
+        raw.set(f"addr{rank}", "attempt 0")
+        mine.set(f"addr{rank}", "attempt 0")
+        mine.wait(["addr0", "addr1"])
+        if rank == "1":
+            sys.exit(3)  # the failure torchrun restarts the group for
+    else:
+        print(f"rank {rank} raw={raw.check(['addr1'])} prefixed={mine.check(['addr1'])}",
+              flush=True)
+""")
+
+
+def test_torchrun_shares_its_store_across_attempts_and_the_prefix_keys_them_apart(tmp_path):
+    """The cause of the restarted group's failed connect, without Megatron: a key an attempt
+    wrote is still there for the next one in torchrun's store (what a late peer's address
+    lookup finds), and not under restart_store's per-attempt prefix."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "--max-restarts", "1", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(l for l in proc.stdout.splitlines() if l.startswith("rank ")) == [
+        "rank 0 raw=True prefixed=False", "rank 1 raw=True prefixed=False"]

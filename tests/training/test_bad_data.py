@@ -1,0 +1,43 @@
+"""Bad training data stops the stock pretrain_gpt.py (core_v0.16.1, unmodified) at start-up with
+one paragraph naming the --data-path prefix and the fix, a non-zero exit, and no checkpoint
+written (the catalogue is docs/bad_inputs.md; the fast checks are tests/project/test_bad_inputs.py).
+Needs MEGATRON_LM_PATH."""
+
+import re
+
+import pytest
+
+from tests.harness.stock import run_stock, write_bin_idx
+
+pytestmark = pytest.mark.stock
+
+
+def fails(lm_path, tmp_path, prefix):
+    args = ["--data-path", str(prefix), "--split", "100,0,0",
+            "--data-cache-path", str(tmp_path / "cache"), "--save", str(tmp_path / "ckpt"),
+            "--save-interval", "1"]
+    with pytest.raises(AssertionError) as failed:
+        run_stock(lm_path, args, iters=2)
+    # torchrun prefixes each line of a rank's error with "[rankN]: "
+    text = " ".join(re.sub(r"\[rank\d+\]: ", "", str(failed.value)).split())
+    assert "exited 1" in text and "Traceback" not in text.split("megatron_musa_patch: error:")[1]
+    assert not (tmp_path / "ckpt").exists()  # nothing trained, nothing saved
+    return text
+
+
+def test_data_from_another_vocabulary_stops_the_stock_script(lm_path, tmp_path, release):
+    # the tiny model's NullTokenizer (--vocab-size 1000) has 1001 ids on 0.16 (eod added) and
+    # 1000 from 0.17 (eod is the last of them); this data has 4000
+    vocab = 1001 if release.series == "0.16" else 1000
+    prefix = write_bin_idx(tmp_path / "wide_text_document", documents=200, max_id=4000)
+    text = fails(lm_path, tmp_path, prefix)
+    assert f"megatron_musa_patch: error: --data-path {prefix}: token id" in text
+    assert f"is outside the training tokenizer's vocabulary (NullTokenizer, vocab_size {vocab})" \
+        in text
+    assert "--tokenizer-model" in text
+
+
+def test_missing_data_path_stops_the_stock_script(lm_path, tmp_path):
+    prefix = tmp_path / "no_such_text_document"
+    text = fails(lm_path, tmp_path, prefix)
+    assert f"megatron_musa_patch: error: --data-path {prefix}: no such .bin/.idx pair" in text
