@@ -152,7 +152,7 @@ setup(
         # suite's files run on every core (most of a file's time is one process waiting on
         # its ranks, so one file at a time leaves a 2-core machine half idle); setuptools and
         # wheel: the build requirements, for pip's resolver dry run in this environment
-        # (tests/unit/test_install_requirement.py); simpy: upstream's examples/inference/utils.py
+        # (tests/project/test_install_requirement.py); simpy: upstream's examples/inference/utils.py
         # imports it (tests/checkpoint/test_hf_generate.py runs upstream's generation script)
         "test": ["pytest>=7", "import-linter>=2.1", "click", "requests", "pytest-mock",
                  "pytest-xdist>=3", "setuptools>=64", "wheel", "simpy",

@@ -188,7 +188,7 @@ if [ -n "$LM" ]; then
   #   0.4 s that it does not make faster; set MEGATRON_MUSA_PATCH_OPS yourself to override;
   # - the legacy torch checkpoint format: torch_dist's writer starts a spawned multiprocessing
   #   Manager on every rank at each save, which re-imports pretrain_gpt.py (7 s a save here, 30 ms
-  #   for the torch format). Resume is bit for bit in both (tests/stock/test_reliability_resume.py).
+  #   for the torch format). Resume is bit for bit in both (tests/training/test_resume.py).
   export MEGATRON_MUSA_PATCH_OPS=${MEGATRON_MUSA_PATCH_OPS:-eager}
   ARGS=(
     --transformer-impl local --use-flash-attn

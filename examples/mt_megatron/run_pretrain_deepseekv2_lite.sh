@@ -14,7 +14,7 @@
 # Every size and parallel setting is a variable (defaults: the Lite model, TP1 PP1 EP8 on 8
 # devices). TRANSFORMER_IMPL defaults to transformer_engine, as in MT's scripts: without
 # TransformerEngine the layer stops with one paragraph naming --transformer-impl local.
-# tests/stock/test_mt_megatron_scripts.py runs it at toy sizes with TP2 on 2 CPU ranks.
+# tests/features/mt_megatron/test_scripts.py runs it at toy sizes with TP2 on 2 CPU ranks.
 set -euo pipefail
 
 export ENABLE_PROFILER=${ENABLE_PROFILER:-0}

@@ -57,7 +57,7 @@ class Patch:
     #: the one whose range holds the installed release applies.
     megatron: str = dataclasses.field(default="", kw_only=True)
     #: the torch releases likewise; required for records that patch torch and for those whose
-    #: code reaches torch's private names (``tests/unit/test_compatibility.py``)
+    #: code reaches torch's private names (``tests/upstream/test_compatibility.py``)
     torch: Optional[str] = dataclasses.field(default=None, kw_only=True)
     #: why the record is not needed from its upper bound on (upstream fixed or removed what it
     #: patches): a later release then skips it instead of trying it unverified

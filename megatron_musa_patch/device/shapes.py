@@ -6,7 +6,7 @@ dynamo reads ``torch.cuda.use_mem_pool.__wrapped__`` when it is first imported (
 type, and ``inspect.signature`` is asked by tracing code. A stand-in of another kind breaks
 such code at import, far from the device layer. :func:`follow` gives a stand-in the kind of the
 real object (a context-manager function stays one); :func:`differences` says where a stand-in
-still differs in kind or in the calls it accepts (``tests/unit/test_torch_shapes.py`` runs it
+still differs in kind or in the calls it accepts (``tests/device/test_torch_shapes.py`` runs it
 on every torch of the table).
 """
 

@@ -102,7 +102,7 @@ def device_api(row: DeviceMapping) -> Dict[str, Any]:
 
 def known_kind(name: str) -> str:
     """The kind of torch's ``torch.cuda.<name>`` where it cannot be read (torchada's redirect
-    has taken ``torch.cuda``'s place); tests/unit/test_torch_shapes.py checks these against
+    has taken ``torch.cuda``'s place); tests/device/test_torch_shapes.py checks these against
     torch's own objects on every torch of the table."""
     if name in CUDA_CLASSES:
         return shapes.CLASS

@@ -1,7 +1,7 @@
 """Which of the layer's torch-level records torchada already covers, and why the others stay.
 
 Measured on torchada 0.1.103 against the stand-in torch_musa (``tests/fixtures/fake_musa``;
-``tests/unit/test_torchada_gaps.py`` runs every case with torchada alone, so a torchada release
+``tests/device/test_torchada_gaps.py`` runs every case with torchada alone, so a torchada release
 that closes or opens a gap fails there). Each answer is about one record target
 (``module:Qual.name``, the torch name the record patches):
 

@@ -103,7 +103,7 @@ def torch_series() -> str:
 
 
 def markdown_tables() -> str:
-    """The support tables of the README and docs/installation.md (tests/unit/test_upstream_check.py
+    """The support tables of the README and docs/installation.md (tests/upstream/test_check.py
     checks both)."""
     rows = ["| megatron-core | Megatron-LM tag | Python | `megatron.training` from |",
             "|---|---|---|---|"]

@@ -119,7 +119,7 @@ def gmm_backward(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, tr
     """``(d a, d b)`` of ``gmm(a, b, batch_sizes, trans_b)`` for the output gradient ``grad``,
     without its forward: the operations autograd runs for the implementation ``gmm`` picks for
     these operands, in the same order, so the result is bit for bit autograd's
-    (``tests/unit/test_ops_grouped_gemm.py``). ``--recompute-variance`` applies it to the grouped
+    (``tests/lib/ops/test_grouped_gemm.py``). ``--recompute-variance`` applies it to the grouped
     experts' last GEMM, whose forward it skips in the recompute."""
     weights = b.transpose(-1, -2) if trans_b else b
     if _implementation(a, b, trans_b) == "grouped_mm":
