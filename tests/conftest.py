@@ -40,6 +40,17 @@ def run_python(code, *, env=None, cwd=None, timeout=300, args=()):
                           text=True, timeout=timeout)
 
 
+def run_probe(module, *args, env=None, cwd=None, timeout=300):
+    """Run a probe module of the test tree (``tests.device.probes.cpu_groups``) as
+    ``python -m module args...``: a real module beside its test, not a string literal. The
+    repository is put first on ``PYTHONPATH`` so the probe imports ``tests.*`` helpers and the
+    checkout's package wherever ``cwd`` is."""
+    env = dict(env or subprocess_env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], env=env,
+                          cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def run_on_one_cpu_rank(code, tmp_path, **env):
     """Run a probe on the CPU row that joins a one-rank gloo group through the file store its
     ``sys.argv[1]`` names; ``env`` adds variables (a ``MEGATRON_MUSA_PATCH_DISABLE``, say)."""
