@@ -14,8 +14,8 @@ from megatron_musa_patch.checkpoint.cli import checkpoint_args
 
 from tests.harness import stock as runner
 from tests.checkpoint import tiny_models
-from tests.checkpoint.hf_steps import (assert_bitwise, assert_config_from_args, first_losses, import_hf, mmp,
-                       tensors)
+from tests.checkpoint.hf_steps import (assert_bitwise, assert_config_from_args, first_losses,
+                                       import_hf, mmp, tensors)
 
 pytestmark = pytest.mark.stock
 

@@ -9,8 +9,8 @@ checkpoint)."""
 import pytest
 
 from tests.checkpoint import tiny_models
-from tests.checkpoint.hf_steps import (assert_bitwise, batches, first_losses, hf_loss_of, import_hf, mmp, stock,
-                       tensors)
+from tests.checkpoint.hf_steps import (assert_bitwise, batches, first_losses, hf_loss_of, import_hf,
+                                       mmp, stock, tensors)
 
 pytestmark = pytest.mark.stock
 

@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.data.mmp_data_helpers import (data_main, make_docs, reference_pairs, run_mmp_imports, same_files,
-                               tokenizer_args, write_jsonl)
+from tests.data.mmp_data_helpers import (data_main, make_docs, reference_pairs, run_mmp_imports,
+                                         same_files, tokenizer_args, write_jsonl)
 
 
 def hf_args(model, **kw):

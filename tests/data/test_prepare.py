@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.data.mmp_data_helpers import (data_main, make_docs, read_pair, reference_pairs, same_files,
-                               tokenizer_args, write_jsonl)
+from tests.data.mmp_data_helpers import (data_main, make_docs, read_pair, reference_pairs,
+                                         same_files, tokenizer_args, write_jsonl)
 
 
 def build_tok(**kw):

@@ -5,6 +5,7 @@ also checks that ``deactivate`` restores torch.
 """
 
 import ast
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import torch
 import megatron_musa_patch
 from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 
-from tests.conftest import run_python, subprocess_env
+from tests.conftest import REPO, run_probe, subprocess_env
 
 ORIGINAL = {"empty": torch.empty, "device": torch.device, "to": torch.Tensor.to,
             "is_available": torch.cuda.is_available, "type": torch.Tensor.type,
@@ -48,11 +49,8 @@ def test_device_queries(cpu_layer):
 def test_the_device_is_the_local_rank_set_after_activation():
     """A launcher that forks its ranks from one process sets LOCAL_RANK after the layer is
     active: each rank's device is still its own, until set_device says otherwise."""
-    code = ("import os, megatron_musa_patch, torch; megatron_musa_patch.activate(); "
-            "os.environ['LOCAL_RANK'] = '3'; print(torch.cuda.current_device()); "
-            "torch.cuda.set_device(1); print(torch.cuda.current_device())")
-    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
-                                               LOCAL_WORLD_SIZE="4"))
+    proc = run_probe("tests.device.probes.cpu_local_rank",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", LOCAL_WORLD_SIZE="4"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["3", "1"]
 
@@ -242,28 +240,9 @@ def test_gather_and_scatter_take_any_shapes_of_the_right_sizes(cpu_layer, tmp_pa
         dist.destroy_process_group()
 
 
-GROUPS_SCRIPT = """
-import tempfile
-import megatron_musa_patch, torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d
-from megatron.core import parallel_state as ps
-
-dist.init_process_group("nccl", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-counts = []
-for _ in range(3):
-    ps.initialize_model_parallel(1, 1)
-    made = len(distributed_c10d._world.pg_map)
-    dist.all_reduce(torch.ones(1), group=ps.get_tensor_model_parallel_group())
-    ps.destroy_model_parallel()
-    counts.append((made, len(distributed_c10d._world.pg_map)))
-print(counts)
-"""
-
-
 @pytest.mark.parametrize("disable", ["", "release_dropped_groups"])
 def test_destroy_model_parallel_releases_its_groups(disable):
-    proc = run_python(GROUPS_SCRIPT, env=subprocess_env(
+    proc = run_probe("tests.device.probes.cpu_groups", env=subprocess_env(
         MEGATRON_MUSA_PATCH_DEVICE="cpu", MEGATRON_MUSA_PATCH_DISABLE=disable or None))
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
@@ -275,38 +254,15 @@ def test_destroy_model_parallel_releases_its_groups(disable):
         assert counts == [(made, 1)] * 3
 
 
-LAZY_GROUP_SCRIPT = """
-import datetime, sys
-import megatron_musa_patch, torch
-import torch.distributed as dist
-
-rank, store_path = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("nccl", init_method="file://" + store_path, rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=60))
-store = dist.distributed_c10d._get_default_store()
-if rank == 0:
-    group = dist.new_group([0, 1])  # eager gloo: waits here until rank 1 makes it too
-    store.set("rank0-made-it", "1")
-    how = "made"
-else:  # makes the group only once rank 0 has (or after 8 s, so that eager ends too)
-    try:
-        store.wait(["rank0-made-it"], datetime.timedelta(seconds=8))
-        how = "lazy"
-    except Exception:
-        how = "eager"
-    group = dist.new_group([0, 1])
-x = torch.ones(1) * (rank + 1)
-dist.all_reduce(x, group=group)
-print(how, x.item())
-dist.destroy_process_group()
-"""
-
-
-def run_ranks(script, argv_of_rank, env, count=2):
-    """One process of ``script`` per rank, all started before any is waited for (they meet in a
-    process group): ``[(returncode, stdout, stderr)]`` by rank."""
-    procs = [subprocess.Popen([sys.executable, "-c", script, *argv_of_rank(rank)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_ranks(probe, argv_of_rank, env, count=2):
+    """One process of the probe module ``probe`` per rank, all started before any is waited for
+    (they meet in a process group), as ``run_probe`` starts one: ``[(returncode, stdout,
+    stderr)]`` by rank."""
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH"))
+                                                if p)}
+    procs = [subprocess.Popen([sys.executable, "-m", probe, *argv_of_rank(rank)], env=env,
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
              for rank in range(count)]
     outputs = [proc.communicate(timeout=240) for proc in procs]
     return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
@@ -316,7 +272,8 @@ def run_ranks(script, argv_of_rank, env, count=2):
 def test_groups_connect_on_first_use_as_with_nccl(disable, tmp_path):
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
                          MEGATRON_MUSA_PATCH_DISABLE=disable or None)
-    ranks = run_ranks(LAZY_GROUP_SCRIPT, lambda rank: (str(rank), str(tmp_path / "store")), env)
+    ranks = run_ranks("tests.device.probes.cpu_lazy_group",
+                      lambda rank: (str(rank), str(tmp_path / "store")), env)
     assert all(code == 0 for code, _, _ in ranks), [err[-2000:] for _, _, err in ranks]
     answers = [out.strip().splitlines()[-1] for _, out, _ in ranks]
     # rank 1 sees whether rank 0's new_group returned before rank 1 made the group
@@ -336,165 +293,35 @@ def test_deactivate_restores_torch():
         megatron_musa_patch.activate(allow_late=True)  # the module fixture undoes it again
 
 
-RNG_TRACKER_SCRIPT = """
-import logging, sys
-import megatron_musa_patch, torch
-from megatron.core.tensor_parallel import random as mpr
-
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append(record.getMessage())
-logging.getLogger("megatron.core.tensor_parallel.random").addHandler(Keep())
-
-def masks(seed):
-    torch.manual_seed(1)
-    torch.cuda.manual_seed(1)
-    tracker = mpr.CudaRNGStatesTracker()
-    tracker.add("model-parallel-rng", seed)
-    before = torch.cuda.get_rng_state()
-    with tracker.fork():
-        a = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)
-    outside = torch.equal(before, torch.cuda.get_rng_state())
-    with tracker.fork():
-        b = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.5)
-    return a, b, outside
-
-a1, b1, kept = masks(100)
-a2, _, _ = masks(100)
-a3, _, _ = masks(200)
-assert kept, "the default generator state changed across a fork"
-assert torch.equal(a1, a2), "same tracker seed must give the same dropout mask"
-assert not torch.equal(a1, a3), "another seed must give another mask"
-assert not torch.equal(a1, b1), "the forked state must advance between forks"
-assert not records, records
-print("ok")
-"""
-
-
 def test_rng_tracker_drives_dropout_without_false_warnings():
-    proc = run_python(RNG_TRACKER_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.device.probes.cpu_rng_tracker",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
-
-
-HOST_RNG_SCRIPT = """
-import sys, tempfile
-import megatron_musa_patch, torch
-from megatron.core import parallel_state as ps
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-from megatron.core.transformer.transformer_config import TransformerConfig
-
-store = tempfile.mktemp()
-torch.distributed.init_process_group("nccl", init_method="file://" + store, rank=0, world_size=1)
-ps.initialize_model_parallel(1, 1)
-config = TransformerConfig(num_layers=1, hidden_size=12, num_attention_heads=4,
-                           use_cpu_initialization=True)
-
-def build(device_seed):
-    torch.manual_seed(42)
-    model_parallel_cuda_manual_seed(device_seed)
-    weight = ColumnParallelLinear(16, 8, config=config, init_method=config.init_method,
-                                  bias=False).weight.detach().clone()
-    return weight, torch.rand(4, device="cuda")
-
-w42, _ = build(42)
-w41, device_draw = build(41)
-expected = torch.empty(8, 16)
-torch.manual_seed(42)
-config.init_method(expected)
-assert torch.equal(w42, w41), "the device seed reached CPU initialisation"
-assert torch.equal(w41, expected), "CPU initialisation is not on torch.manual_seed's stream"
-fresh = torch.rand(4, generator=torch.Generator().manual_seed(41))
-assert torch.equal(device_draw, fresh), "the host draws moved the device generator"
-print("ok")
-"""
 
 
 def test_cpu_initialization_draws_from_the_host_generator():
     """torch.manual_seed(42) then model_parallel_cuda_manual_seed(41): use_cpu_initialization
     stays on 42, as on a GPU (upstream's tensor_parallel/test_initialization.py, TP1 vs TP4), and
     the device generator (dropout's) is where the device seed put it."""
-    proc = run_python(HOST_RNG_SCRIPT, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.device.probes.cpu_host_rng",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
-
-
-UNEVEN_GATHER = """
-import sys
-import megatron_musa_patch
-import torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d
-
-rank = int(sys.argv[2])
-dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
-# rank 0 holds 3 elements, rank 1 five (Megatron-FSDP's uneven shards, flattened)
-mine = torch.arange(3.0) if rank == 0 else torch.arange(10.0, 15.0)
-outputs = [torch.full((3,), -1.0), torch.full((5,), -1.0)]
-try:
-    distributed_c10d.all_gather.__wrapped__(outputs, mine)
-except RuntimeError as error:
-    print("torch's own:", str(error).splitlines()[0])
-dist.all_gather(outputs, mine)
-print("gathered", [o.tolist() for o in outputs])
-# 2-D shards of different rows, asynchronously
-mine = torch.ones(1, 2) * (rank + 1) if rank == 0 else torch.ones(2, 2) * (rank + 1)
-outputs = [torch.zeros(1, 2), torch.zeros(2, 2)]
-work = dist.all_gather(outputs, mine, async_op=True)
-work.wait()
-print("async", [o.tolist() for o in outputs])
-# outputs of the input's shape take torch's own path
-outputs = [torch.zeros(2), torch.zeros(2)]
-dist.all_gather(outputs, torch.full((2,), float(rank)))
-print("even", [o.tolist() for o in outputs])
-dist.destroy_process_group()
-"""
 
 
 def test_all_gather_takes_shards_of_different_sizes_as_nccl_does(tmp_path):
     """NCCL gathers outputs of different sizes (Megatron-FSDP's ``uneven_dtensor_to_full_
     tensor``); gloo refuses any output unlike the input (shown on torch's own function)."""
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
-    for code, out, err in run_ranks(UNEVEN_GATHER, lambda rank: (str(tmp_path / "store"),
-                                                                 str(rank)), env):
+    for code, out, err in run_ranks("tests.device.probes.cpu_uneven_gather",
+                                    lambda rank: (str(tmp_path / "store"), str(rank)), env):
         assert code == 0, err[-3000:]
         lines = out.splitlines()
         assert lines[0].startswith("torch's own: ProcessGroupGloo::allgather: invalid tensor size")
         assert lines[1:] == ["gathered [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0, 13.0, 14.0]]",
                              "async [[[1.0, 1.0]], [[2.0, 2.0], [2.0, 2.0]]]",
                              "even [[0.0, 0.0], [1.0, 1.0]]"]
-
-
-SUBGROUP_ALL_TO_ALL = """
-import sys, types
-import megatron_musa_patch
-import torch
-import torch.distributed as dist
-import torch.distributed.nn.functional as F
-
-rank = int(sys.argv[2])
-dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=rank, world_size=4)
-groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-group = groups[rank % 2]
-mine = dist.get_rank(group)
-try:  # torch's own gloo path names the sources as global ranks 0 and 1
-    F._AlltoAll.forward.__wrapped__(types.SimpleNamespace(), group, [torch.zeros(1)] * 2,
-                                    torch.zeros(1), torch.zeros(1))
-    print("torch's own: ran")
-except ValueError as error:
-    print("torch's own:", str(error).split(" is not")[0])
-# to group rank j: (rank + 1) * 10 + j; each rank sends mine + 1 rows (sizes differ by sender,
-# as in Megatron's dynamic-resolution gather)
-inputs = [torch.full((mine + 1, 2), (rank + 1) * 10.0 + j, requires_grad=True) for j in range(2)]
-outputs = [torch.empty(i + 1, 2) for i in range(2)]
-received = F.all_to_all(outputs, inputs, group=group)
-print("received", [t[:, 0].tolist() for t in received])
-sum((t * (2 * mine + i + 1)).sum() for i, t in enumerate(received)).backward()
-print("grads", [t.grad[:, 0].tolist() for t in inputs])
-dist.destroy_process_group()
-"""
 
 
 def test_autograd_all_to_all_works_on_a_subgroup_as_on_nccl(tmp_path):
@@ -504,8 +331,8 @@ def test_autograd_all_to_all_works_on_a_subgroup_as_on_nccl(tmp_path):
     ``gather_from_context_parallel_ranks_dynamic_res``); through the layer both go through, forward
     and backward."""
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu")
-    ranks = run_ranks(SUBGROUP_ALL_TO_ALL, lambda rank: (str(tmp_path / "store"), str(rank)), env,
-                      count=4)
+    ranks = run_ranks("tests.device.probes.cpu_subgroup_all_to_all",
+                      lambda rank: (str(tmp_path / "store"), str(rank)), env, count=4)
     for rank, (code, out, err) in enumerate(ranks):
         assert code == 0, err[-3000:]
         lines = out.splitlines()

@@ -12,86 +12,8 @@ import json
 
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import run_probe
 from tests.device.musa_rows import MAPPINGS, musa_env
-
-CONTRACT = r"""
-import json, torch
-import megatron_musa_patch, torch_musa
-import torch.distributed as dist
-from megatron_musa_patch import active_session as current
-from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
-
-calls = torch_musa.CALLS
-
-
-def reached(fn):
-    # what a site reached: the torch.musa calls it made, or the first line of its error
-    before = len(calls)
-    try:
-        fn()
-        return {"calls": calls[before:]}
-    except Exception as exc:
-        return {"calls": calls[before:], "error": f"{type(exc).__name__}: "
-                + (str(exc).splitlines() or [""])[0][:160]}
-
-
-out = {"device": current().device.name, "adapter": current().torch_mapping.adapter}
-out["api_is_musa"] = all(getattr(torch.cuda, n) is getattr(torch.musa, n) for n in
-    ("current_device", "set_device", "Stream", "Event", "synchronize", "get_rng_state",
-     "set_rng_state", "manual_seed", "memory_allocated", "empty_cache", "current_stream"))
-out["available"] = torch.cuda.is_available()
-out["graph_alias"] = torch.cuda.CUDAGraph is torch.musa.MUSAGraph
-try:
-    torch.cuda.ExternalStream(0)
-except UnsupportedOnDeviceError as exc:
-    out["missing_api"] = str(exc)
-torch.cuda.set_device(3)
-out["current"] = torch.cuda.current_device()
-out["devices"] = [str(torch.device("cuda")), str(torch.device("cuda:1")),
-                  str(torch.device("cuda", 2)), str(torch.device(0)),
-                  str(current().device.translate(5))]
-x = torch.ones(2)
-sites = {
-    "torch.empty(device='cuda')": lambda: torch.empty(2, device="cuda"),
-    ".cuda()": lambda: x.cuda(),
-    ".cuda(memory_format=)": lambda: x.cuda(memory_format=torch.contiguous_format),
-    ".to('cuda')": lambda: x.to("cuda"),
-    ".to(0)": lambda: x.to(0),
-    "Module.cuda()": lambda: torch.nn.Linear(2, 2).cuda(),
-    "new_empty(device='cuda')": lambda: x.new_empty(2, device="cuda"),
-    "Generator(device='cuda')": lambda: torch.Generator(device="cuda"),
-    "Generator(device=0)": lambda: torch.Generator(device=0),
-    "type('torch.cuda.FloatTensor')": lambda: x.type("torch.cuda.FloatTensor"),
-    "random.get_rng_state": lambda: torch.cuda.random.get_rng_state(),
-    "import torch.cuda.random": lambda: __import__("torch.cuda.random").cuda.random
-        .get_rng_state(),
-    "memory_allocated": lambda: torch.cuda.memory_allocated(),
-    "import torch.cuda.memory": lambda: __import__("torch.cuda.memory").cuda.memory
-        .memory_allocated(),
-    "streams": lambda: (torch.cuda.Stream(), torch.cuda.Event(), torch.cuda.current_stream()),
-}
-out["sites"] = {name: reached(fn) for name, fn in sites.items()}
-out["autocast"] = [torch.autocast("cuda", dtype=torch.bfloat16).device,
-                   torch.amp.autocast("cuda").device]
-out["cpu_tensor"] = [x.is_cuda, x.type(), torch.Tensor.is_cuda.fget(x)]
-import megatron.core.jit as jit
-fn = lambda x: x
-out["jit_eager"] = jit.jit_fuser(fn) is fn
-from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-tracker = get_cuda_rng_tracker()
-def fork():
-    tracker.add("model-parallel-rng", 1234)
-    with tracker.fork("model-parallel-rng"):
-        pass
-out["rng_tracker"] = reached(fork)
-dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-out["backend_seen_by_megatron"] = dist.get_backend()
-out["compound_group"] = dist.get_backend(dist.new_group([0], backend="cpu:gloo,cuda:nccl"))
-dist.destroy_process_group()
-out["calls"] = calls
-print("RESULT" + json.dumps(out))
-"""
 
 MUSA_BACKEND = ("'musa' backend", "not linked with support for musa devices",
                 "PrivateUse1HooksInterface")
@@ -99,7 +21,7 @@ MUSA_BACKEND = ("'musa' backend", "not linked with support for musa devices",
 
 @pytest.fixture(scope="module", params=MAPPINGS)
 def contract(request):
-    proc = run_python(CONTRACT, env=musa_env(request.param))
+    proc = run_probe("tests.device.probes.musa_contract", env=musa_env(request.param))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     result = json.loads(line[len("RESULT"):])

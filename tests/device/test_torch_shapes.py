@@ -3,7 +3,7 @@
 torch inspects its own objects beyond calling them: torch 2.14's dynamo reads
 ``torch.cuda.use_mem_pool.__wrapped__`` when it is first imported, which a plain function does
 not have, so ``import torch._dynamo`` (megatron-core reaches it) died on the CPU row. The probe
-(tests/device/torch_shapes_probe.py) activates the layer on a row, imports the torch submodules
+(tests/device/probes/torch_shapes.py) activates the layer on a row, imports the torch submodules
 megatron-core and users reach, compiles a small function, and compares every mapped
 ``torch.cuda`` name with torch's own: its kind (class, context-manager function, function) and
 the calls it accepts. CI runs this on the oldest and the newest torch of the table, so the next
@@ -22,18 +22,14 @@ import pytest
 
 from megatron_musa_patch.device import shapes, torch_api
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.conftest import run_probe, subprocess_env
 from tests.device.musa_rows import MAPPINGS, musa_env
 
 pytestmark = pytest.mark.release
 
-PROBE = ("import runpy, sys; sys.argv = ['probe']; "
-         "runpy.run_module('tests.device.torch_shapes_probe', run_name='__main__')")
-
-
 def probe(env) -> dict:
-    proc = run_python(PROBE, env={**env, "MEGATRON_MUSA_PATCH_AUTOACTIVATE": "0"}, cwd=REPO,
-                      timeout=600)
+    proc = run_probe("tests.device.probes.torch_shapes",
+                     env={**env, "MEGATRON_MUSA_PATCH_AUTOACTIVATE": "0"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("SHAPES "))
     return json.loads(line[len("SHAPES "):])

@@ -8,18 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import run_python, subprocess_env
+from tests.conftest import run_probe, run_python, subprocess_env
 from tests.device.musa_rows import MAPPINGS, STAND_IN, musa_env, needs_torchada
-
-#: makes torchada look not installed (find_spec answers no), before the layer looks
-HIDE_TORCHADA = """
-import importlib.abc, sys
-class _NoTorchada(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torchada" or name.startswith("torchada."):
-            raise ModuleNotFoundError("No module named 'torchada'", name=name)
-sys.meta_path.insert(0, _NoTorchada())
-"""
 
 
 def one_paragraph(proc) -> str:
@@ -30,7 +20,8 @@ def one_paragraph(proc) -> str:
 
 
 def test_musa_row_without_torchada_says_to_install_the_musa_extra():
-    proc = run_python(HIDE_TORCHADA + "import megatron_musa_patch", env=musa_env("torchada"))
+    proc = run_probe("tests.device.probes.torchada_choice_not_installed",
+                     env=musa_env("torchada"))
     text = one_paragraph(proc)
     assert proc.returncode == 2
     assert "maps torch through torchada, which is not installed" in text
@@ -39,10 +30,8 @@ def test_musa_row_without_torchada_says_to_install_the_musa_extra():
 
 
 def test_builtin_mapping_needs_no_torchada():
-    proc = run_python(HIDE_TORCHADA + "import megatron_musa_patch as m, torch, sys\n"
-                      "print(m.active_session().torch_mapping.adapter, "
-                      "'torchada' in sys.modules, torch.cuda.is_available())",
-                      env=musa_env("builtin"))
+    proc = run_probe("tests.device.probes.torchada_choice_builtin_hidden",
+                     env=musa_env("builtin"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ["megatron_musa_patch", "False", "True"]
 
@@ -71,12 +60,8 @@ def test_builtin_mapping_refuses_torchada_imported_before():
     {"MEGATRON_MUSA_PATCH_DEVICE": "cpu"},  # cpu row on a machine with torch_musa
 ], ids=["builtin-musa", "cpu-with-torch_musa"])
 def test_a_later_import_torchada_is_refused_where_the_layer_maps_torch(env):
-    code = ("import megatron_musa_patch, torch\n"
-            "before = (torch.cuda, torch.Tensor.to, torch.device)\n"
-            "try:\n    import torchada\n"
-            "except Exception as exc:\n    print('REFUSED', type(exc).__name__, exc)\n"
-            "print('UNCHANGED', before == (torch.cuda, torch.Tensor.to, torch.device))")
-    proc = run_python(code, env=subprocess_env(PYTHONPATH=STAND_IN, **env))
+    proc = run_probe("tests.device.probes.torchada_choice_later_import",
+                     env=subprocess_env(PYTHONPATH=STAND_IN, **env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REFUSED TorchMappingError `import torchada` after megatron_musa_patch" in proc.stdout
     assert "UNCHANGED True" in proc.stdout
@@ -109,32 +94,12 @@ def test_cpu_row_never_imports_torchada():
     assert proc.stdout.split()[-2:] == ["megatron_musa_patch", "False"]
 
 
-#: what was imported already when torchada's module started executing
-IMPORT_ORDER = """
-import importlib.abc, importlib.machinery, os, sys
-seen = []
-class _Recorder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != "torchada":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-        def exec_module(module):
-            seen.append(("torch" in sys.modules, "torch_musa" in sys.modules))
-            run(module)
-        spec.loader.exec_module = exec_module
-        return spec
-sys.meta_path.insert(0, _Recorder())
-import megatron_musa_patch
-print(seen == [(False, False)], os.environ["TORCHADA_FORCE_CUDA_AVAILABLE"])
-"""
-
-
 @needs_torchada
 def test_the_layer_imports_torchada_before_torch_and_torch_musa():
     # torchada syncs MUSA_VISIBLE_DEVICES before torch loads; the environment it leaves lets
     # the ranks a launcher starts import it the same way
-    proc = run_python(IMPORT_ORDER, env=musa_env("torchada"))
+    proc = run_probe("tests.device.probes.torchada_choice_import_order",
+                     env=musa_env("torchada"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["True", "1"]
 

@@ -1,7 +1,9 @@
-"""One rank of the attention / MoE fusion checks (run under torchrun by tests/features/test_fusions.py).
+"""One rank of the attention / MoE fusion checks (run under torchrun by
+tests/features/test_fusions.py).
 
-Trains the selftest's tiny megatron-core GPT (local spec, fp32, dropout off) once per run, in
-one process: every run of a family starts from the same weights and sees the same batches.
+Trains the harness's tiny megatron-core GPT (tests/harness/tiny_gpt.py: local spec, fp32, dropout
+off) once per run, in one process: every run of a family starts from the same weights and sees the
+same batches.
 
 * dense (DP2): ``unfused`` (upstream's local attention) vs ``flash``
   (``config.use_flash_attn = True``, set the megatron-core way); ``flash+dropout`` only has to
@@ -19,14 +21,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import re
 
-import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
+from tests.harness import tiny_gpt  # activates the layer before Megatron is imported
 
 import torch  # noqa: E402
-
-from megatron_musa_patch.cli import selftest_worker as sw  # noqa: E402
 
 #: run -> (family, settings)
 RUNS = {
@@ -42,8 +41,8 @@ RUNS = {
     "moe-allgather+permute+gg": ("moe-allgather", {"moe_permute_fusion": True,
                                                     "moe_grouped_gemm": True}),
 }
-FAMILY_FLAGS = {"dense": [], "mla": ["--mla"], "moe": ["--experts", "4", "--ep", "2"],
-                "moe-allgather": ["--experts", "4", "--ep", "2", "--dispatcher", "allgather"]}
+FAMILY_OPTIONS = {"dense": {}, "mla": {"mla": True}, "moe": {"experts": 4, "ep": 2},
+                  "moe-allgather": {"experts": 4, "ep": 2, "dispatcher": "allgather"}}
 
 
 def parse(argv=None):
@@ -56,26 +55,20 @@ def parse(argv=None):
 
 
 def build(family, settings, opts):
-    """The selftest model with the run's config settings (and spec, for grouped GEMM)."""
+    """The harness's model with the run's config settings (and spec, for grouped GEMM)."""
     from megatron.core.models.gpt import gpt_layer_specs
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer import transformer_config
 
-    model_opts = sw.parse(FAMILY_FLAGS[family] + ["--steps", str(opts.steps), "--seq",
-                                                  str(opts.seq), "--layers", "2", "--out", "-"])
+    model_opts = tiny_gpt.options(**FAMILY_OPTIONS[family], steps=opts.steps, seq=opts.seq,
+                                  layers=2)
     extra = {k: v for k, v in settings.items() if k.startswith("moe_")}
-    real_config = transformer_config.TransformerConfig
     real_spec = gpt_layer_specs.get_gpt_layer_local_spec
-    transformer_config.TransformerConfig = functools.partial(real_config, **extra)
     if extra.get("moe_grouped_gemm"):
         gpt_layer_specs.get_gpt_layer_local_spec = functools.partial(real_spec,
                                                                      moe_grouped_gemm=True)
     try:
-        torch.manual_seed(1234)
-        model_parallel_cuda_manual_seed(1234)
-        model, config = sw.build_model(model_opts, True, True)
+        tiny_gpt.seed(1234)
+        model, config = tiny_gpt.build_model(model_opts, True, True, **extra)
     finally:
-        transformer_config.TransformerConfig = real_config
         gpt_layer_specs.get_gpt_layer_local_spec = real_spec
     config.use_flash_attn = bool(settings.get("flash"))
     if settings.get("attention_dropout"):
@@ -109,21 +102,9 @@ def grouped_state(sequential_state, model):
 
 
 def train(model, config, model_opts):
-    from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True),
-                                    model.to("cuda"))
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, clip_grad=1.0), [model])
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = model.no_sync
-    step_batches = sw.batches(model_opts, parallel_state.get_data_parallel_rank(),
-                              parallel_state.get_data_parallel_world_size())
-    return sw.train_steps([model], optimizer, step_batches, model_opts)[0]
+    models, optimizer = tiny_gpt.wrap([model.to("cuda")], config)
+    return tiny_gpt.train_steps(models, optimizer, tiny_gpt.rank_batches(model_opts),
+                                model_opts)[0]
 
 
 def count_calls():
@@ -147,11 +128,7 @@ def count_calls():
 def main(argv=None):
     opts = parse(argv)
     counts = count_calls()
-    from megatron.core import parallel_state
-
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    torch.distributed.init_process_group(backend="nccl")  # the device's backend (gloo on CPU)
-    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    tiny_gpt.init_parallel(tiny_gpt.options(ep=2))  # the device's backend (gloo on CPU)
     initial, results = {}, {}
     for name in opts.runs.split(","):
         family, settings = RUNS[name]

@@ -13,8 +13,7 @@ import pytest
 
 from megatron_musa_patch.features.flash_attention import ANNOUNCEMENT
 
-from tests.harness.stock import run_stock
-from tests.training.test_pretrain_gpt import assert_close
+from tests.harness.stock import assert_close, run_stock
 
 pytestmark = pytest.mark.stock
 

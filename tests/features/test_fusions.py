@@ -12,34 +12,26 @@ from the same weights and batches (tests/features/fusion_worker.py):
   bitwise by construction, torch's grouped_mm equals the per-expert matmuls on CPU).
 """
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.harness.tiny_gpt import max_abs_diff, torchrun_json
 
 pytestmark = pytest.mark.ranks
 
-WORKER = Path(__file__).resolve().parent / "fusion_worker.py"
+WORKER = "tests.features.fusion_worker"
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fusions") / "result.json"
-    proc = run_python(None, args=("-m", "torch.distributed.run", "--standalone",
-                                  "--nproc-per-node=2", str(WORKER), "--out", str(out)),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), cwd=str(REPO),
-                      timeout=600)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out.read_text())["results"]
+    return torchrun_json(WORKER, out, timeout=600)["results"]
 
 
 def worst(a, b):
-    assert len(a) == len(b) == 4
-    return max(abs(x - y) for x, y in zip(a, b))
+    return max_abs_diff(a, b, length=4)
 
 
 @pytest.mark.parametrize("base,run", [("unfused", "flash"), ("mla", "mla+flash")])

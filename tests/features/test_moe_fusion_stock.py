@@ -18,8 +18,7 @@ import pytest
 
 from megatron_musa_patch.upstream import facts
 
-from tests.harness.stock import GROUPED_MLP_SELECTED, run_stock
-from tests.training.test_pretrain_gpt import assert_close
+from tests.harness.stock import GROUPED_MLP_SELECTED, assert_close, run_stock
 
 pytestmark = pytest.mark.stock
 

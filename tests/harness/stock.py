@@ -125,3 +125,15 @@ def assert_grouped_experts(log, release):
     else:
         assert GROUPED_MLP_SELECTED not in log
         assert re.search(r"skipped\s+recompute\.grouped_experts_fc2\b", log), log[-3000:]
+
+
+#: |loss - reference| per iteration: the reduction order differs across ranks
+FP32_TOLERANCE = 1e-5
+
+
+def assert_close(losses, reference, tol=FP32_TOLERANCE):
+    """``losses`` ({iteration: loss}) has ``reference``'s iterations, each within ``tol``."""
+    assert sorted(losses) == sorted(reference) and losses, (losses, reference)
+    worst = max(abs(losses[i] - reference[i]) for i in reference)
+    assert worst <= tol, (f"max |loss - reference| = {worst:.3e} > {tol:.0e}: "
+                          f"{losses} vs {reference}")

@@ -12,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.stock import run_stock, write_bin_idx
+from tests.harness.stock import assert_close, run_stock, write_bin_idx
 
 pytestmark = pytest.mark.stock
-
-FP32_TOLERANCE = 1e-5  # |loss - reference| per iteration: reduction order differs across ranks
-
-
-def assert_close(losses, reference, tol=FP32_TOLERANCE):
-    assert sorted(losses) == sorted(reference) and losses, (losses, reference)
-    worst = max(abs(losses[i] - reference[i]) for i in reference)
-    assert worst <= tol, f"max |loss - reference| = {worst:.3e} > {tol:.0e}: {losses} vs {reference}"
-
 
 def assert_finite(losses, iters):
     assert len(losses) == iters and all(math.isfinite(v) and 0 < v < 20 for v in losses.values())
@@ -147,8 +138,8 @@ def test_save_then_load_resumes_at_the_saved_iteration(lm_path, tmp_path, layout
     assert sorted(resumed) == [3, 4]
     assert_close(first, {i: continuous[i] for i in (1, 2)})
     # with upstream_fixes.log_loss_reset every line is its iteration's loss, so the resumed
-    # curve is the continuous one line for line (tests/features/upstream_fixes/test_log_loss_reset.py shows
-    # upstream's second line, the mean of two iterations)
+    # curve is the continuous one line for line (tests/features/upstream_fixes/
+    # test_log_loss_reset.py shows upstream's second line, the mean of two iterations)
     assert_close(resumed, {3: continuous[3], 4: continuous[4]})
 
 

@@ -1,15 +1,16 @@
-"""One rank of the offload checks (run under torchrun by tests/features/cpu_offload/test_megatron_core.py).
+"""One rank of the offload checks (run under torchrun by
+tests/features/cpu_offload/test_megatron_core.py).
 
-Trains the selftest's tiny megatron-core GPT (local spec) with the distributed optimizer once per
-optimizer configuration, in one process: every run starts from the same weights (seeds reset)
-and sees the same batches. Per run rank 0 records the per-step losses and where the optimizer
-state lives (``megatron_musa_patch.lib.offload.counting``); the overlap runs count the events
-recorded on the hybrid optimizer's copy streams. A ``resume`` run trains half the steps, saves
-model and optimizer the way Megatron-LM does (``torch_dist`` with either distributed-optimizer
-layout, or ``--ckpt-format torch``: model first, then the optimizer and its parameter state),
-builds a fresh model and optimizer from *other* initial weights, loads, and trains the rest;
-the optimizer state after loading is compared with the state that was saved, tensor by tensor,
-wherever it lives, and so are the model weights.
+Trains the harness's tiny megatron-core GPT (tests/harness/tiny_gpt.py, local spec) with the
+distributed optimizer once per optimizer configuration, in one process: every run starts from the
+same weights (seeds reset) and sees the same batches. Per run rank 0 records the per-step losses and
+where the optimizer state lives (``megatron_musa_patch.lib.offload.counting``); the overlap runs
+count the events recorded on the hybrid optimizer's copy streams. A ``resume`` run trains half the
+steps, saves model and optimizer the way Megatron-LM does (``torch_dist`` with either
+distributed-optimizer layout, or ``--ckpt-format torch``: model first, then the optimizer and its
+parameter state), builds a fresh model and optimizer from *other* initial weights, loads, and trains
+the rest; the optimizer state after loading is compared with the state that was saved, tensor by
+tensor, wherever it lives, and so are the model weights.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import json
 import os
 import sys
 
-import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
+from tests.harness import tiny_gpt  # activates the layer before Megatron is imported
 
 import torch  # noqa: E402
 
-from megatron_musa_patch.cli import selftest_worker as sw  # noqa: E402
 from megatron_musa_patch.lib.offload.counting import hybrid_optimizers, placement  # noqa: E402
 
 FP = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -72,32 +72,20 @@ def optimizer_config(name, opts):
 
 
 def build(name, opts, model_opts, seed):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.module import Float16Module
 
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-    model, config = sw.build_model(model_opts, True, True)
+    tiny_gpt.seed(seed)
+    model, config = tiny_gpt.build_model(model_opts, True, True)
     if opts.bf16:
         config.bf16 = True
         config.params_dtype = config.pipeline_dtype = torch.bfloat16
         model = Float16Module(config, model)
-    model = model.to("cuda")
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
-                                               use_distributed_optimizer=True)
-    model = DistributedDataParallel(config, ddp_config, model)
-    optimizer = get_megatron_optimizer(optimizer_config(name, opts), [model])
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = model.no_sync
-    return model, optimizer
+    models, optimizer = tiny_gpt.wrap([model.to("cuda")], config, optimizer_config(name, opts))
+    return models[0], optimizer
 
 
 def train(model, optimizer, step_batches, model_opts):
-    return sw.train_steps([model], optimizer, step_batches, model_opts)[0]
+    return tiny_gpt.train_steps([model], optimizer, step_batches, model_opts)[0]
 
 
 def count_copy_events(optimizer):
@@ -216,16 +204,9 @@ def _equal(a, b):
 
 def main(argv=None):
     opts = parse(sys.argv[1:] if argv is None else argv)
-    from megatron.core import parallel_state
-
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    torch.distributed.init_process_group(backend="nccl")
-    parallel_state.initialize_model_parallel(opts.tp, 1)
-    model_opts = sw.parse(["--out", "-", "--tp", str(opts.tp), "--steps", str(opts.steps),
-                           "--distributed-optimizer"])
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    step_batches = list(sw.batches(model_opts, dp_rank, dp_size))
+    model_opts = tiny_gpt.options(tp=opts.tp, steps=opts.steps, distributed_optimizer=True)
+    tiny_gpt.init_parallel(model_opts)
+    step_batches = list(tiny_gpt.rank_batches(model_opts))
 
     results = {}
     for name in [n for n in opts.runs.split(",") if n]:

@@ -1,7 +1,8 @@
 """CPU-offload optimizer and precision-aware optimizer on megatron-core, 2 CPU ranks (gloo).
 
 megatron-core's ``HybridDeviceOptimizer`` under the distributed optimizer, with the device
-decisions made by the CPU row (tests/features/cpu_offload/offload_worker.py): 20 steps in DP2 and TP2, fp32.
+decisions made by the CPU row (tests/features/cpu_offload/offload_worker.py): 20 steps in DP2
+and TP2, fp32.
 
 Tolerance against the run without offload: 1e-5 per step. The hybrid optimizer's sub-optimizers
 are torch's fused AdamW (upstream passes ``fused=True``), the plain distributed optimizer uses
@@ -19,16 +20,14 @@ saved, in all three layouts Megatron-LM writes (torch_dist dp_reshardable and
 fully_reshardable, --ckpt-format torch).
 """
 
-import json
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.harness.tiny_gpt import max_abs_diff, torchrun_json
 
 pytestmark = pytest.mark.ranks
 
-WORKER = Path(__file__).resolve().parent / "offload_worker.py"
+WORKER = "tests.features.cpu_offload.offload_worker"
 TOLERANCE = 1e-5
 STEPS = 20
 OFFLOAD = ["f1", "f0.5", "f1+overlap", "f0.5+overlap"]
@@ -51,23 +50,16 @@ def launched(tmp_path_factory):
     def get(name):
         if name not in cache:
             tmp = tmp_path_factory.mktemp(name)
-            out = tmp / "result.json"
-            proc = run_python(None, args=("-m", "torch.distributed.run", "--standalone",
-                                          "--nproc-per-node=2", str(WORKER), *LAUNCHES[name],
-                                          "--steps", str(STEPS), "--ckpt", str(tmp / "ckpt"),
-                                          "--out", str(out)),
-                              env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"),
-                              cwd=str(REPO), timeout=900)
-            assert out.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
-            cache[name] = json.loads(out.read_text())["results"]
+            cache[name] = torchrun_json(WORKER, tmp / "result.json", *LAUNCHES[name],
+                                        "--steps", STEPS, "--ckpt", tmp / "ckpt",
+                                        timeout=900)["results"]
         return cache[name]
 
     return get
 
 
 def worst(a, b):
-    assert len(a) == len(b) == STEPS
-    return max(abs(x - y) for x, y in zip(a, b))
+    return max_abs_diff(a, b, length=STEPS)
 
 
 @pytest.mark.parametrize("layout", ["dp2", "tp2"])

@@ -1,37 +1,29 @@
 """Upstream's fusion defaults on megatron-core, 2 CPU ranks (feature fused_ops).
 
-A tiny Llama-style GPT (local spec, RMSNorm, SwiGLU, RoPE, fp32, dropout off; CPU
-initialisation, so every layout starts from the same full weights) trained 3 steps from the same
-batches (tests/features/fused_ops/fused_ops_worker.py): on 1 rank with every fusion off (the reference) and on
-(persist_layer_norm, gradient-accumulation, bias-SwiGLU, bias-dropout, masked-softmax and RoPE
-fusion: upstream's defaults, which fail on the local spec without this layer), and on 2 ranks
-TP2 with the defaults, with and without sequence parallelism (which upstream asserts off for
-the local norms). Tolerance 1e-5 per step (compiled norm/SwiGLU and TP reductions round
-differently; measured: a few 1e-7).
+A tiny Llama-style GPT (local spec, RMSNorm, SwiGLU, RoPE, fp32, dropout off; CPU initialisation, so
+every layout starts from the same full weights) trained 3 steps from the same batches
+(tests/features/fused_ops/fused_ops_worker.py): on 1 rank with every fusion off (the reference) and
+on (persist_layer_norm, gradient-accumulation, bias-SwiGLU, bias-dropout, masked-softmax and RoPE
+fusion: upstream's defaults, which fail on the local spec without this layer), and on 2 ranks TP2
+with the defaults, with and without sequence parallelism (which upstream asserts off for the local
+norms). Tolerance 1e-5 per step (compiled norm/SwiGLU and TP reductions round differently; measured:
+a few 1e-7).
 """
-
-import json
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.harness.tiny_gpt import max_abs_diff, torchrun_json
 
 pytestmark = pytest.mark.ranks
 
-WORKER = Path(__file__).resolve().parent / "fused_ops_worker.py"
+WORKER = "tests.features.fused_ops.fused_ops_worker"
 TOLERANCE = 1e-5
 
 
 def _launch(tmp_path_factory, nproc, tp, variants):
     out = tmp_path_factory.mktemp("fused_ops") / "result.json"
-    proc = run_python(None, args=("-m", "torch.distributed.run", "--standalone",
-                                  f"--nproc-per-node={nproc}", str(WORKER), "--tp", str(tp),
-                                  "--variants", variants, "--out", str(out)),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), cwd=str(REPO),
-                      timeout=600)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out.read_text())
+    return torchrun_json(WORKER, out, "--tp", tp, "--variants", variants, nproc=nproc,
+                         timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +37,7 @@ def two_ranks(tmp_path_factory):
 
 
 def worst(a, b):
-    assert len(a) == len(b) == 3
-    return max(abs(x - y) for x, y in zip(a, b))
+    return max_abs_diff(a, b, length=3)
 
 
 def test_reference_learns_with_torch_norms(one_rank):

@@ -1,9 +1,10 @@
 """Transformer layers of megatron-core (local spec) measured per recompute setting.
 
-For one setting: the bytes each layer holds for backward (its attention block and its MLP
-block separately, its MoE experts, and per layer in a block of layers).
-Shared by tests/features/recompute/test_megatron_core.py (the memory promises) and benchmarks/bench_recompute.py.
-Runs in one process (a 1-rank process group); activate the layer before importing this.
+For one setting: the bytes each layer holds for backward (its attention block and its MLP block
+separately, its MoE experts, and per layer in a block of layers). Shared by
+tests/features/recompute/test_megatron_core.py (the memory promises) and
+benchmarks/bench_recompute.py. Runs in one process (a 1-rank process group); activate the layer
+before importing this.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""One rank of the recompute equivalence check (run under torchrun by tests/features/recompute/test_megatron_core.py).
+"""One rank of the recompute equivalence check (run under torchrun by
+tests/features/recompute/test_megatron_core.py).
 
-Trains a tiny megatron-core GPT (local spec, fp32 unless --bf16) for a few steps once without
-recompute and once per flag combination, with dropout off and on, from the same initial weights
-and batches, in one process: the flags are read from the TransformerConfig when a layer runs,
-so each run builds a fresh model whose config carries that combination. Each run's per-step
-loss and every parameter's gradient (DDP's ``main_grad``, before the optimizer step) are
-compared bit for bit with the run without recompute. Counters on the recompute machinery make
+Trains a tiny megatron-core GPT (local spec, fp32 unless --bf16; the harness's batches, loss and
+training steps, tests/harness/tiny_gpt.py, on a decoder block spec with MoE, MTP and MLA options)
+for a few steps once without recompute and once per flag combination, with dropout off and on, from
+the same initial weights and batches, in one process: the flags are read from the TransformerConfig
+when a layer runs, so each run builds a fresh model whose config carries that combination. Each
+run's per-step loss and every parameter's gradient (DDP's ``main_grad``, before the optimizer step)
+are compared bit for bit with the run without recompute. Counters on the recompute machinery make
 sure each flag really recomputed what it promises. Rank 0 writes the JSON result.
 """
 
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
-from functools import partial
 
-import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
+from tests.harness import tiny_gpt  # activates the layer before Megatron is imported
 
 import torch  # noqa: E402
 
@@ -204,81 +204,26 @@ def build(opts, combo, dropout, pre, post, vp_stage):
     return model, config
 
 
-def batches(opts, dp_rank, dp_size):
-    gen = torch.Generator().manual_seed(opts.seed)
-    per_rank = opts.global_batch // dp_size
-    for _ in range(opts.steps):
-        starts = torch.randint(0, opts.vocab, (opts.global_batch, 1), generator=gen)
-        seqs = (starts + torch.arange(opts.seq + 1)) % opts.vocab
-        mine = seqs[dp_rank * per_rank:(dp_rank + 1) * per_rank]
-        yield [mine[i:i + opts.micro_batch] for i in range(0, per_rank, opts.micro_batch)]
-
-
-def forward_step(data_iterator, model, seq):
-    sample = next(data_iterator).to("cuda")
-    tokens, labels = sample[:, :-1].contiguous(), sample[:, 1:].contiguous()
-    position_ids = torch.arange(seq, device="cuda").unsqueeze(0)
-    mask = torch.ones(1, 1, seq, seq, dtype=torch.bool, device="cuda").triu(1)
-    output = model(tokens, position_ids, mask, labels=labels)
-
-    def loss_func(output_tensor):
-        loss = output_tensor.float().mean()
-        return loss, {"lm loss": loss.detach().clone()}
-
-    return output, loss_func
-
-
 def train(opts, combo, dropout):
     """Per-step losses and per-step {param name: main_grad copy} for one setting."""
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.optimizer import OptimizerConfig
 
-    torch.manual_seed(opts.seed)
-    model_parallel_cuda_manual_seed(opts.seed)
-    chunks = opts.vpp or 1
-    models, config = [], None
-    for vp in range(chunks):
-        stage = vp if opts.vpp else None
-        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
-        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
-        model, config = build(opts, combo, dropout, pre, post, stage)
-        models.append(model.to("cuda"))
-    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
-                                        use_distributed_optimizer=opts.distributed_optimizer)
-    models = [DistributedDataParallel(config, ddp, m, disable_bucketing=(i > 0))
-              for i, m in enumerate(models)]
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, clip_grad=1.0,
-                        bf16=opts.bf16, use_distributed_optimizer=opts.distributed_optimizer),
-        models)
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = [m.no_sync for m in models] if chunks > 1 else models[0].no_sync
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    forward_backward = get_forward_backward_func()
+    tiny_gpt.seed(opts.seed)
+    models, config = tiny_gpt.build_chunks(
+        opts, lambda o, pre, post, stage: build(o, combo, dropout, pre, post, stage))
+    models, optimizer = tiny_gpt.wrap(models, config, OptimizerConfig(
+        optimizer="adam", lr=1e-2, weight_decay=0.01, clip_grad=1.0, bf16=opts.bf16,
+        use_distributed_optimizer=opts.distributed_optimizer))
     losses, grads = [], []
-    for step_batches in batches(opts, dp_rank, dp_size):
-        for m in models:
-            m.zero_grad_buffer()
-        optimizer.zero_grad()
-        iterators = [iter(step_batches) for _ in models] if chunks > 1 else iter(step_batches)
-        reduced = forward_backward(
-            forward_step_func=partial(forward_step, seq=opts.seq), data_iterator=iterators,
-            model=models if chunks > 1 else models[0], num_microbatches=len(step_batches),
-            seq_length=opts.seq, micro_batch_size=opts.micro_batch, forward_only=False)
+
+    def record(models, reduced):  # before the optimizer step: the gradients of this step
         grads.append({f"{i}.{name}": p.main_grad.detach().clone()
                       for i, m in enumerate(models) for name, p in m.named_parameters()})
-        ok, _, _ = optimizer.step()
-        assert ok, "optimizer step skipped"
-        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-            losses.append([float(r["lm loss"].item()) for r in reduced])
-        else:
-            losses.append([])
+        last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+        losses.append([float(r["lm loss"].item()) for r in reduced] if last else [])
+
+    tiny_gpt.train_steps(models, optimizer, tiny_gpt.rank_batches(opts), opts, before_step=record)
     return losses, grads
 
 
@@ -297,13 +242,7 @@ def compare(base, run):
 
 def main(argv=None):
     opts = parse(sys.argv[1:] if argv is None else argv)
-    from megatron.core import parallel_state
-
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    torch.distributed.init_process_group(backend="nccl")
-    parallel_state.initialize_model_parallel(
-        opts.tp, opts.pp, virtual_pipeline_model_parallel_size=opts.vpp,
-        expert_model_parallel_size=opts.ep)
+    tiny_gpt.init_parallel(opts)
     install_counters()
     combos = [c for c in opts.combos.split(",") if c]
     results = {}

@@ -6,21 +6,22 @@ and every parameter's gradient over 3 steps are bitwise equal to the run without
 one bf16 layout too), in 1-rank and 2-rank layouts: TP2 (with linear biases), PP2 with virtual
 stages, MoE with EP2 (shared expert with gate, distributed optimizer), MoE + MTP under PP2, MLA;
 and together with upstream's selective recompute of the modules the flags do not cover.
-Counters check that each flag recomputed what it promises (tests/features/recompute/recompute_worker.py).
+Counters check that each flag recomputed what it promises
+(tests/features/recompute/recompute_worker.py).
 
 Memory: bytes held for backward per block of a layer (saved_tensors_hooks), per flag.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.conftest import run_probe, subprocess_env
+from tests.harness.tiny_gpt import torchrun_json
 
 pytestmark = pytest.mark.ranks
 
-WORKER = Path(__file__).resolve().parent / "recompute_worker.py"
+WORKER = "tests.features.recompute.recompute_worker"
 COMBOS = ["attn", "mlp", "attn+mlp", "attn+variance", "mlp+variance", "attn+mlp+variance",
           "variance"]
 
@@ -47,29 +48,14 @@ LAYOUTS = {
 }
 
 
-def _mla_available():
-    from megatron_musa_patch.features import BUILTIN
-
-    return any(getattr(m, "FEATURE", "") == "mla_local" for m in BUILTIN)
-
-
 def run_layout(name, tmp_path):
     nproc, flags = LAYOUTS[name]
-    out = tmp_path / f"{name}.json"
-    proc = run_python(None, args=("-m", "torch.distributed.run", "--standalone",
-                                  f"--nproc-per-node={nproc}", str(WORKER), *flags,
-                                  "--out", str(out)),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), cwd=str(REPO),
-                      timeout=900)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out.read_text())["results"]
+    return torchrun_json(WORKER, tmp_path / f"{name}.json", *flags, nproc=nproc,
+                         timeout=900)["results"]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_combination_is_bitwise_equal_to_no_recompute(layout, tmp_path):
-    if layout == "mla" and not _mla_available():
-        pytest.skip("MLA on the local spec needs the mla_local feature (upstream passes "
-                    "k_channels the local attention does not accept)")
     results = run_layout(layout, tmp_path)
     combos = LAYOUTS[layout][1][LAYOUTS[layout][1].index("--combos") + 1].split(",") \
         if "--combos" in LAYOUTS[layout][1] else COMBOS
@@ -137,30 +123,10 @@ def test_rms_norm_variants_are_bitwise_equal_to_no_recompute(layout, tmp_path):
             assert counts["block recompute"] > 0 and counts["skipped linear forward"] > 0
 
 
-MEMORY = r'''
-import json, sys
-import megatron_musa_patch
-sys.path.insert(0, ".")
-from tests.features.recompute import recompute_layer as rl
-rl.init_single_rank()
-dense = rl.Shape()
-moe = rl.Shape(experts=4, shared_expert=96, ffn=128)
-overlap = rl.Shape(experts=4, shared_expert=96, ffn=128, shared_overlap=True)
-grouped = rl.Shape(experts=4, shared_expert=96, ffn=128, grouped=True)
-out = {"dense": {k: rl.block_bytes(dense, k) for k in rl.SETTINGS},
-       "moe": {k: rl.block_bytes(moe, k) for k in ("none", "variance", "mlp", "mlp+variance",
-                                                   "mlp_rms")},
-       "moe_overlap": {k: rl.block_bytes(overlap, k) for k in ("none", "mlp")},
-       "moe_grouped": {k: rl.block_bytes(grouped, k) for k in ("none", "mlp", "mlp+variance")},
-       "norm_output": dense.seq * dense.batch * dense.hidden * 4, "hidden": dense.hidden}
-print("RESULT " + json.dumps(out))
-'''
-
-
 @pytest.fixture(scope="module")
 def memory():
-    proc = run_python(MEMORY, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"),
-                      cwd=str(REPO), timeout=600)
+    proc = run_probe("tests.features.recompute.probes.block_memory",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), timeout=600)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(line[len("RESULT "):])

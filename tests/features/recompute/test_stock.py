@@ -1,8 +1,8 @@
 """--attn-recompute / --mlp-recompute / --recompute-variance in the stock pretrain_gpt.py
-(core_v0.16.1, unmodified) on 2 CPU ranks, dropout on, fp32: every run is bitwise equal to the
-same run without the flags -- the full-precision loss, the gradient norm and a hash of every
-parameter's gradient and value after each step (tests/features/recompute/recompute_probe.py), per rank --
-and the counters show the recompute ran. Needs MEGATRON_LM_PATH."""
+(core_v0.16.1, unmodified) on 2 CPU ranks, dropout on, fp32: every run is bitwise equal to the same
+run without the flags -- the full-precision loss, the gradient norm and a hash of every parameter's
+gradient and value after each step (tests/features/recompute/recompute_probe.py), per rank -- and
+the counters show the recompute ran. Needs MEGATRON_LM_PATH."""
 
 import re
 from pathlib import Path

@@ -6,22 +6,9 @@ from packaging.version import Version
 
 from megatron_musa_patch.upstream.conditions import te_installed
 
-from tests.conftest import run_on_one_cpu_rank
+from tests.features.upstream_fixes.one_rank_probes import run_probe_on_one_cpu_rank
 
-PROBE = """
-import megatron_musa_patch
-import torch
-import torch.nn as nn
-from megatron.training.activation_logging import ActivationLogger
-
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-logger = ActivationLogger(save_dir=".")
-logger.register_activation_hooks([model])
-model(torch.randn(4, 16))
-print("hooks", len(logger._activation_hooks))
-logger.remove_activation_hooks()
-print("removed", len(logger._activation_hooks))
-"""
+PROBE = "tests.features.upstream_fixes.probes.activation_logging"
 
 
 def _before_0_18():
@@ -38,13 +25,13 @@ pytestmark = [
 
 
 def test_activation_hooks_register_on_the_linear_layers_without_te(tmp_path):
-    proc = run_on_one_cpu_rank(PROBE, tmp_path)
+    proc = run_probe_on_one_cpu_rank(PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-2:] == ["hooks 2", "removed 0"], proc.stdout[-2000:]
 
 
 def test_without_the_fix_upstream_cannot_register_them(tmp_path):
-    proc = run_on_one_cpu_rank(
+    proc = run_probe_on_one_cpu_rank(
         PROBE, tmp_path, MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.activation_logging_without_te")
     assert proc.returncode != 0
     assert "isinstance() arg 2 must be a type" in proc.stderr, proc.stderr[-3000:]

@@ -5,36 +5,10 @@
 import pytest
 from packaging.version import Version
 
-from tests.conftest import printed_lines, run_on_one_cpu_rank
+from tests.conftest import printed_lines
+from tests.features.upstream_fixes.one_rank_probes import run_probe_on_one_cpu_rank
 
-#: one gloo rank saves two sharded tensors (the second under the prefix, in files of its own),
-#: removes the prefixed one, then reads what the checkpoint still holds
-PROBE = """
-import os, sys
-from pathlib import Path
-import megatron_musa_patch
-import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.dist_checkpointing import ShardedTensor, remove_sharded_tensors, save
-from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
-from torch.distributed.checkpoint import FileSystemReader
-
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-parallel_state.initialize_model_parallel()
-ckpt = Path(sys.argv[1] + ".ckpt")  # upstream joins it with /
-os.makedirs(ckpt)
-state_dict = {"a": ShardedTensor.from_rank_offsets("keyA", torch.ones(2, 4)),
-              "b": ShardedTensor.from_rank_offsets("prefix_b", torch.ones(3, 5))}
-save(state_dict, ckpt, TorchDistSaveShardedStrategy("torch_dist", 1, separation_hint="prefix"))
-print("before", sorted(FileSystemReader(ckpt).read_metadata().state_dict_metadata))
-try:
-    remove_sharded_tensors(ckpt, key_prefix="prefix")
-except AttributeError as error:
-    print("refused", error)
-print("after", sorted(FileSystemReader(ckpt).read_metadata().state_dict_metadata),
-      sorted(f for f in os.listdir(ckpt) if f.startswith("prefix")))
-"""
+PROBE = "tests.features.upstream_fixes.probes.writer_metadata_path"
 
 
 def _needs_0_16():
@@ -52,12 +26,12 @@ def _lines(proc):
 
 
 def test_remove_sharded_tensors_drops_the_prefixed_tensors(tmp_path):
-    assert _lines(run_on_one_cpu_rank(PROBE, tmp_path)) == [
+    assert _lines(run_probe_on_one_cpu_rank(PROBE, tmp_path)) == [
         "before ['keyA', 'prefix_b']", "after ['keyA'] []"]
 
 
 def test_without_the_fix_it_fails_on_the_writer(tmp_path):
-    lines = _lines(run_on_one_cpu_rank(
+    lines = _lines(run_probe_on_one_cpu_rank(
         PROBE, tmp_path, MEGATRON_MUSA_PATCH_DISABLE="upstream_fixes.writer_metadata_path"))
     assert lines[1] == "refused 'FileSystemWriter' object has no attribute 'metadata_path'"
     assert lines[2].startswith("after ['keyA', 'prefix_b']")

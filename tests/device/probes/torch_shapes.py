@@ -1,4 +1,4 @@
-"""Run on one device row (``python -m tests.device.torch_shapes_probe``, the row from the
+"""Run on one device row (``python -m tests.device.probes.torch_shapes``, the row from the
 environment): keep torch's own ``torch.cuda`` objects, activate the layer, then import the torch
 submodules megatron-core and users reach, compile a small function, and compare every mapped
 ``torch.cuda`` name with torch's own. Prints one JSON object (tests/device/test_torch_shapes.py).
