@@ -1,9 +1,10 @@
 """The generated reference pages: every ``mmp`` command's options from its argparse parser
 (docs/reference/cli.md), every environment variable from the settings object
-(docs/reference/environment.md), and the troubleshooting page from the bad-input catalogue
-(docs/troubleshooting.md, by when the refusal happens).
+(docs/reference/environment.md), the troubleshooting page from the bad-input catalogue
+(docs/troubleshooting.md, by when the refusal happens), and one page per feature and per group
+from its declaration, its argument hook and its patch records (docs/reference/features/).
 
-    python tools/docs_reference.py            # write both pages
+    python tools/docs_reference.py            # write the pages
     python tools/docs_reference.py --check    # exit 1 if a committed page is not what the code says
 
 The tables are built from the parsers' actions, not from argparse's help text, so they read the
@@ -13,7 +14,10 @@ same on every Python release.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = {"cli": REPO / "docs" / "reference" / "cli.md",
          "environment": REPO / "docs" / "reference" / "environment.md",
          "troubleshooting": REPO / "docs" / "troubleshooting.md"}
+#: one page per feature and per group, and their index (``feature_pages``)
+FEATURE_PAGES = REPO / "docs" / "reference" / "features"
 CATALOGUE = REPO / "docs" / "bad_inputs.md"
 #: when a refusal happens, from the catalogue's "caught where" (first match wins)
 PHASES = (("When `mmp data` prepares or blends data", ("mmp data", "data prepare", "blend",
@@ -39,8 +45,12 @@ def _cell(text) -> str:
 
 
 def _option_rows(parser: argparse.ArgumentParser):
+    return _action_rows(parser._actions)
+
+
+def _action_rows(actions):
     rows = []
-    for action in parser._actions:
+    for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or \
                 action.help == argparse.SUPPRESS:  # hidden options stay hidden
             continue
@@ -119,7 +129,8 @@ def environment_page() -> str:
               "(`pretrain_gpt.py`, and `megatron.training` for megatron-core 0.16) |",
               f"| `{settings.TORCHADA_PLATFORM_ENV}` | torchada's platform (the musa row's mapping "
               "depends on it) |",
-              f"| `{settings.TORCHADA_FORCE_ENV}` | whether torchada lets `torch.cuda.is_available()` "
+              f"| `{settings.TORCHADA_FORCE_ENV}` | whether torchada lets "
+              "`torch.cuda.is_available()` "
               "report MUSA (Megatron asserts it) |", "",
               "## MT-Megatron's switches", "",
               "MT-Megatron's `musa_patch` reads these at import. The layer honours a switch that "
@@ -170,29 +181,284 @@ def troubleshooting_page() -> str:
     return HEADER + "\n".join(lines).rstrip("\n") + "\n"
 
 
+# ---------------------------------------------------------------------------------- features
+#: the device row whose records the feature pages show: ``mmp patches --json --no-import`` on
+#: a machine without an accelerator (the device plumbing words a record's why by its row)
+RECORDS_ROW = "cpu"
+TOPICS = REPO / "docs" / "features"
+MKDOCS = REPO / "mkdocs.yml"
+NO_TESTS = "no folder or file named after it under `tests/features/`"
+
+
+@dataclasses.dataclass
+class FeatureDoc:
+    """What the code says about one feature, or about a group that is no feature of its own."""
+
+    name: str
+    module: str  # its path under the repository ("" for a group only)
+    declared: object = None  # the Feature, None for a group only
+    parts: tuple = ()  # the features below it (``fused_ops.rope`` for ``fused_ops``)
+    flags: tuple = ()  # the argparse actions its ``mmp_add_arguments`` adds
+    records: tuple = ()  # (Patch, device rows)
+    after: tuple = ()  # the names it is declared after
+    before: tuple = ()  # the features declared after it
+
+    @property
+    def page(self) -> str:
+        return f"{self.name}.md"
+
+
+def _module_path(module) -> str:
+    tail = module.FEATURE.name.replace(".", "/")
+    return f"megatron_musa_patch/features/{tail}" + (
+        "/__init__.py" if hasattr(module, "__path__") else ".py")
+
+
+def _matches(wanted: str, name: str) -> bool:
+    return name == wanted or name.startswith(wanted + ".")
+
+
+@functools.lru_cache(maxsize=1)
+def feature_docs() -> tuple:
+    """One :class:`FeatureDoc` per built-in feature and per group, by name.
+
+    Records are registered as activation registers them, for the ``cpu`` row and the default
+    settings, without activating (nothing is patched, no Megatron module imported); the flags
+    are what each ``mmp_add_arguments`` adds to a fresh parser, as ``megatron_args`` records
+    them for its flag checks."""
+    from megatron_musa_patch.core.plugins import make_manager, toggles
+    from megatron_musa_patch.core.registry import Registry
+    from megatron_musa_patch.core.session import Session
+    from megatron_musa_patch.core.settings import Settings
+    from megatron_musa_patch.core.toggles import groups
+    from megatron_musa_patch.device.rows import ROWS
+    from megatron_musa_patch.device.select import mapping
+    from megatron_musa_patch.features import BUILTIN
+    from megatron_musa_patch.features.megatron_args import add_plugin_arguments
+
+    settings = Settings()
+    pm = make_manager(settings, BUILTIN, load_entry_points=False)
+    device = mapping(RECORDS_ROW)
+    registry = Registry(device.name, toggles(pm, settings), rows=tuple(ROWS))
+    session = Session(settings=settings, device=device, registry=registry, plugins=pm)
+    pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
+    add_plugin_arguments(session, argparse.ArgumentParser(add_help=False))
+    names = [m.FEATURE.name for m in BUILTIN]
+    docs = {}
+    for module in BUILTIN:
+        f = module.FEATURE
+        docs[f.name] = FeatureDoc(
+            f.name, _module_path(module), f,
+            flags=tuple(session.flag_owners.get(f.name, ())),
+            records=tuple((p, registry.devices_of(p)) for p in registry.patches()
+                          if p.feature == f.name),
+            after=f.after,
+            before=tuple(sorted(o.FEATURE.name for o in BUILTIN if any(
+                w == f.name or (w not in names and _matches(w, f.name))
+                for w in o.FEATURE.after))))
+    for name in groups(names) - set(names):
+        docs[name] = FeatureDoc(name, "")
+    for name, doc in docs.items():
+        doc.parts = tuple(sorted(o for o in docs if o != name and _matches(name, o)))
+    return tuple(docs[n] for n in sorted(docs))
+
+
+def _link(name: str, known) -> str:
+    return f"[`{name}`]({name}.md)" if name in known else f"`{name}`"
+
+
+def _tests_of(name: str):
+    """tests/features/<name path>/, tests/features/<parent>/test_<last>[_*].py and
+    tests/<name path>/ (the device layer's own)."""
+    base = REPO / "tests" / "features"
+    *parents, last = name.split(".")
+    found = []
+    for folder in (base.joinpath(*parents, last), REPO.joinpath("tests", *parents, last)):
+        if folder.is_dir():
+            found.append(folder.relative_to(REPO).as_posix() + "/")
+    for pattern in (f"test_{last}.py", f"test_{last}_*.py"):
+        found += sorted(p.relative_to(REPO).as_posix()
+                        for p in base.joinpath(*parents).glob(pattern))
+    return found
+
+
+def _topics_of(name: str):
+    """The topic pages (docs/features/*.md but the index) that name the feature in code."""
+    word = re.compile(r"(?<![\w.-])" + re.escape(name) + r"(?![\w.-])")
+    out = []
+    for page in sorted(TOPICS.glob("*.md")):
+        if page.name == "index.md":
+            continue
+        spans = re.findall(r"`([^`\n]+)`", page.read_text(encoding="utf-8"))
+        if any(word.search(span) for span in spans):
+            out.append(page.name)
+    return out
+
+
+def feature_page(doc: FeatureDoc, known) -> str:
+    d = doc.declared
+    # the heading first: mkdocs titles a page (and its nav entry) by a leading h1 only
+    lines = [f"# `{doc.name}`", "", HEADER.rstrip("\n"), ""]
+    if d is None:
+        lines += ["A group: no feature of its own. Its name in a toggle names all of its parts.",
+                  "", "| | |", "|---|---|"]
+    else:
+        lines += [_cell(d.description), "", "| | |", "|---|---|",
+                  f"| required | {'yes' if d.required else 'no'} |"]
+    what = "it and its parts" if doc.parts else "it"
+    if d is not None and d.required:
+        switch = (f"required: `MEGATRON_MUSA_PATCH_ONLY` keeps it; "
+                  f"`MEGATRON_MUSA_PATCH_DISABLE={doc.name}` switches {what} off all the same")
+    else:
+        switch = f"`MEGATRON_MUSA_PATCH_DISABLE={doc.name}` switches {what} off"
+    lines.append(f"| switch off | {switch} |")
+    if doc.module:
+        lines.append(f"| code | `{doc.module}` |")
+    tests = _tests_of(doc.name)
+    lines.append(f"| tests | {', '.join(f'`{t}`' for t in tests) or NO_TESTS} |")
+    topics = _topics_of(doc.name)
+    if topics:
+        lines.append("| topic | " + ", ".join(f"[{t[:-3]}](../../features/{t})" for t in topics)
+                     + " |")
+    lines.append("")
+    if doc.parts:
+        lines += ["## Parts", "", "| feature | what it does |", "|---|---|"]
+        lines += [f"| {_link(p, known)} | {_cell(known[p].declared.description)} |"
+                  for p in doc.parts if known[p].declared is not None]
+        lines.append("")
+    if d is None:
+        return "\n".join(lines).rstrip("\n") + "\n"
+    lines += ["## Flags it adds", ""]
+    rows = _action_rows(doc.flags)
+    lines += ["| option | values | meaning |", "|---|---|---|", *rows, ""] if rows else \
+        ["None.", ""]
+    lines += ["## Upstream flags that work only through it", ""]
+    if d.flag_needs:
+        lines += ["With the feature off or failed, each stops the run at argument validation.",
+                  "", "| flag | device rows | why it needs the feature | instead |",
+                  "|---|---|---|---|"]
+        for need in d.flag_needs:
+            rows_ = ", ".join(sorted(need.devices)) if need.devices else "all"
+            lines.append(f"| `{need.flag}` | {rows_} | {_cell(need.because)} | "
+                         f"{_cell(need.instead or f'remove {need.flag}')} |")
+        lines.append("")
+    else:
+        lines += ["None.", ""]
+    lines += ["## Order", ""]
+    if doc.after:
+        lines.append("Registered after " + ", ".join(_link(a, known) for a in doc.after) +
+                     ": where both wrap one upstream function, its wrapper sits inside theirs.")
+    else:
+        lines.append("Declared after no feature.")
+    if doc.before:
+        lines += ["", "Registered before " + ", ".join(_link(b, known) for b in doc.before) +
+                  " (declared after it): their wrappers sit inside its own."]
+    lines += ["", "## Patch records", ""]
+    if doc.records:
+        lines += [f"{len(doc.records)} records, as `mmp patches --json --no-import` lists them "
+                  f"on the `{RECORDS_ROW}` row (every row's records are registered on each).", "",
+                  "| id | target | kind | device rows | megatron-core | torch | why |",
+                  "|---|---|---|---|---|---|---|"]
+        for patch, rows_ in doc.records:
+            lines.append(f"| `{patch.id}` | `{patch.target}` | {patch.kind} | "
+                         f"{', '.join(rows_) if patch.devices is not None else 'all'} | "
+                         f"`{patch.megatron}` | {f'`{patch.torch}`' if patch.torch else 'any'} | "
+                         f"{_cell(patch.why)} |")
+    else:
+        lines.append("None: it works through its hooks alone.")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def features_index_page() -> str:
+    docs = feature_docs()
+    lines = ["# Features (generated)", "",
+             "One page per feature and per group, from the declarations, the argument hooks and "
+             "the patch records. [The overview](../../features/index.md) explains the switches.",
+             "", "| feature | required | flags | records | what it does |", "|---|---|---|---|---|"]
+    for doc in docs:
+        d = doc.declared
+        what = _cell(d.description) if d else "group of " + ", ".join(
+            f"`{p}`" for p in doc.parts)
+        lines.append(f"| [`{doc.name}`]({doc.page}) | "
+                     f"{'' if d is None else 'yes' if d.required else 'no'} | "
+                     f"{len(doc.flags) if d else ''} | {len(doc.records) if d else ''} | {what} |")
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def feature_pages() -> dict:
+    """File name under docs/reference/features/ -> text, every feature's page and the index."""
+    docs = feature_docs()
+    known = {d.name: d for d in docs}
+    pages = {"index.md": features_index_page()}
+    pages.update({doc.page: feature_page(doc, known) for doc in docs})
+    return pages
+
+
+def missing_from_nav(pages) -> list:
+    """The feature pages mkdocs.yml's nav does not list (mkdocs would leave them out)."""
+    nav = MKDOCS.read_text(encoding="utf-8")
+    return [name for name in pages if not re.search(
+        rf"^\s*- ([^:\n]+: )?reference/features/{re.escape(name)}\s*$", nav, re.M)]
+
+
+def nav_lines(pages, indent: int = 10) -> str:
+    """The nav entries for the pages (titled by their headings), to paste under Reference's
+    "Features (generated)"."""
+    return "\n".join(" " * indent + ("- Overview: " if n == "index.md" else "- ") +
+                     f"reference/features/{n}" for n in pages)
+
+
+def all_pages() -> dict:
+    """Path under the repository -> text: every generated page."""
+    pages = {PAGES["cli"].relative_to(REPO): cli_page(),
+             PAGES["environment"].relative_to(REPO): environment_page(),
+             PAGES["troubleshooting"].relative_to(REPO): troubleshooting_page()}
+    folder = FEATURE_PAGES.relative_to(REPO)
+    pages.update({folder / name: text for name, text in feature_pages().items()})
+    return pages
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("MEGATRON_MUSA_PATCH_AUTOACTIVATE", "0")  # reading the code only
     sys.path.insert(0, str(REPO))
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     args.add_argument("--check", action="store_true",
                       help="exit 1 if a committed page differs from what the code says")
+    args.add_argument("--root", type=Path, default=REPO,
+                      help="write or check the pages under this folder instead (tests); "
+                           "mkdocs.yml's nav is the repository's")
     opts = args.parse_args(argv)
+    pages = all_pages()
+    folder = opts.root / FEATURE_PAGES.relative_to(REPO)
+    # pages of features that are gone (renamed, removed)
+    extra = sorted(p for p in folder.glob("*.md")
+                   if p.relative_to(opts.root) not in pages) if folder.is_dir() else []
     stale = []
-    for name, text in (("cli", cli_page()), ("environment", environment_page()),
-                       ("troubleshooting", troubleshooting_page())):
-        path = PAGES[name]
+    for rel, text in pages.items():
+        path = opts.root / rel
         if opts.check:
             if not path.is_file() or path.read_text() != text:
-                stale.append(str(path.relative_to(REPO)))
+                stale.append(str(rel))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            print(f"docs_reference: wrote {path.relative_to(REPO)}")
+    if opts.check:
+        stale += [f"{p.relative_to(opts.root)} (no such feature)" for p in extra]
+    else:
+        for path in extra:
+            path.unlink()
+        print(f"docs_reference: wrote {len(pages)} pages under {opts.root}"
+              f"{f', removed {len(extra)}' if extra else ''}")
+    unlisted = missing_from_nav(feature_pages())
+    if unlisted:
+        print(f"docs_reference: mkdocs.yml's nav does not list {len(unlisted)} feature pages "
+              f"({', '.join(unlisted[:3])}{', ...' if len(unlisted) > 3 else ''}); its "
+              f"Reference section's \"Features (generated)\" entry should read:\n"
+              f"{nav_lines(feature_pages())}", file=sys.stderr)
     if stale:
         print(f"docs_reference: {', '.join(stale)} differ from the code; run "
               f"`python tools/docs_reference.py` and commit the pages", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if (stale or unlisted) and opts.check else 0
 
 
 if __name__ == "__main__":
