@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, run_python, subprocess_env
+from tests.conftest import FIXTURES, run_probe, run_python, subprocess_env
 
 MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
 PLUGINS = str(FIXTURES / "plugins")
+PROBES = Path(__file__).resolve().parent / "probes"
 
 
 def one_paragraph(stderr: str) -> str:
@@ -23,12 +24,8 @@ def one_paragraph(stderr: str) -> str:
 
 
 def test_import_activates_once():
-    proc = run_python(
-        "import megatron_musa_patch as m, torch\n"
-        "a = m.activate(); assert a is m.activate()\n"
-        "assert torch.cuda.is_available() and torch.empty(1, device='cuda').device.type == 'cpu'\n"
-        "print(a.device.name, sum(r.status == 'applied' for r in m.report()))",
-        env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.activation.probes.activate_once",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr
     name, applied = proc.stdout.split()
     assert name == "cpu" and int(applied) > 100
@@ -47,17 +44,8 @@ def test_pth_route_activates_only_when_asked():
 
 @pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
 def test_mmp_run_runs_the_script_as_main_in_every_rank(tmp_path):
-    script = tmp_path / "probe.py"
-    script.write_text(
-        "import os, sys, torch\n"
-        "if __name__ == '__main__':\n"
-        "    torch.distributed.init_process_group('nccl')\n"
-        "    t = torch.ones(1, device='cuda') * (torch.distributed.get_rank() + 1)\n"
-        "    torch.distributed.all_reduce(t)\n"
-        "    line = ' '.join(map(str, ['RANK', os.environ['RANK'], __name__, sys.argv[1:],"
-        " t.item(), torch.distributed.get_backend()]))\n"
-        "    open(os.path.join(os.path.dirname(__file__), 'rank' + os.environ['RANK']), 'w')"
-        ".write(line)\n")
+    script = tmp_path / "probe.py"  # it writes its rank files beside itself
+    shutil.copy(PROBES / "mmp_run_rank.py", script)
     import subprocess
     proc = subprocess.run([MMP, "run", "--nproc-per-node", "2", str(script), "--flag", "x"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=300)

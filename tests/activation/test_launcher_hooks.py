@@ -5,40 +5,19 @@ starts on a torch whose SubprocessHandler requires numa_options. Stand-in launch
 the real dlrover-run and ft_launcher with pretrain_gpt.py: tests/training/test_restarts.py."""
 
 import os
+import shutil
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 import _megatron_musa_patch_boot as boot
 
-# a stand-in for dlrover's module: its `run` and the SubprocessHandler it calls with 6 arguments
-FAKE_DLROVER = textwrap.dedent("""
-    def SubprocessHandler(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options):
-        return ("started", numa_options)
+from tests.conftest import FIXTURES
 
-    def run(args):
-        return SubprocessHandler("python", (), {}, "", "", 0)
-""")
-
-CHECK = textwrap.dedent("""
-    import os, sys, types
-    import megatron_musa_patch
-    from dlrover.trainer.torch import elastic_run
-    from megatron_musa_patch.cli import launch
-    seen = {}
-    def supervised(script_args, max_restarts, elastic, **said):
-        seen.update(said, script_args=script_args, max_restarts=max_restarts,
-                    agent=elastic.local_agent.__module__)
-        import contextlib
-        return contextlib.nullcontext()
-    launch.supervised = supervised
-    result = elastic_run.run(types.SimpleNamespace(training_script_args=["--save", "d"],
-                                                   max_restarts=3))
-    print("active", megatron_musa_patch.is_active(), "result", result, "seen", sorted(seen.items()))
-    print("autoactivate", os.environ.get("MEGATRON_MUSA_PATCH_AUTOACTIVATE"))
-""")
+#: the agent's program, run under the name dlrover-run
+AGENT = Path(__file__).resolve().parent / "probes" / "dlrover_agent.py"
 
 
 @pytest.mark.parametrize("argv, launcher", [
@@ -62,13 +41,12 @@ def test_a_training_script_is_no_launcher(monkeypatch):
 
 
 def test_dlrover_runs_agent_is_supervised_and_not_activated(tmp_path):
-    package = tmp_path / "dlrover" / "trainer" / "torch"
-    package.mkdir(parents=True)
-    for folder in (tmp_path / "dlrover", tmp_path / "dlrover" / "trainer", package):
-        (folder / "__init__.py").write_text("")
-    (package / "elastic_run.py").write_text(FAKE_DLROVER)
+    # a stand-in for dlrover's elastic_run: its `run` and the SubprocessHandler it calls with
+    # 6 arguments
+    shutil.copytree(FIXTURES / "fake_dlrover", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     script = tmp_path / "dlrover-run"  # how the agent is started: the script's name
-    script.write_text(CHECK)
+    shutil.copy(AGENT, script)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
     env.update(MEGATRON_MUSA_PATCH="1", PYTHONPATH=str(tmp_path))
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,

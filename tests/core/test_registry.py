@@ -1,8 +1,8 @@
 """Registry semantics: kinds, post-import application, gating, failures, undo."""
 
 import importlib
+import shutil
 import sys
-import textwrap
 import types
 import uuid
 
@@ -16,34 +16,17 @@ from megatron_musa_patch.core.registry import Registry
 from megatron_musa_patch.upstream import installed as versions
 from megatron_musa_patch.upstream import tables
 
+from tests.conftest import FIXTURES
+
 #: test records apply on every supported release
 ANY = tables.MEGATRON_SUPPORTED
-
-TARGET_SOURCE = """
-VALUE = 1
-
-def greet(name="world"):
-    return f"hello {name}"
-
-class Base:
-    def size(self):
-        return 1
-
-class Box(Base):
-    def label(self):
-        return "box"
-
-    @staticmethod
-    def kind():
-        return "static"
-"""
 
 
 @pytest.fixture
 def fake_module(tmp_path, monkeypatch):
     """A fresh, not yet imported module with a unique name; returns (name, importer)."""
     name = f"mmp_fake_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(TARGET_SOURCE))
+    shutil.copy(FIXTURES / "registry_target.py", tmp_path / f"{name}.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name, tmp_path
     sys.modules.pop(name, None)

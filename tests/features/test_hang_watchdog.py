@@ -5,9 +5,7 @@ pretrain_gpt.py: tests/training/test_restarts.py."""
 
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import time
 import types
 
@@ -18,6 +16,8 @@ from megatron_musa_patch.lib.elastic import reports
 from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.features import hang_watchdog, restart_store
+
+from tests.conftest import run_probe
 
 
 def test_deadlines_first_of_a_kind_then_twice_the_slowest_with_a_floor():
@@ -35,24 +35,14 @@ def test_deadlines_first_of_a_kind_then_twice_the_slowest_with_a_floor():
     assert Deadlines(timeout=60, first=5).allowed("step") == 60  # never below the timeout
 
 
-HUNG = textwrap.dedent("""
-    import sys, time
-    from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
-    dog = Watchdog.for_rank(Deadlines(timeout=float(sys.argv[2]), first=1.0), 3, sys.argv[1])
-    dog.in_loop = True
-    with dog.section("step", "training step of iteration 1"):
-        time.sleep(0.1)
-    with dog.section("step", "training step of iteration 2"):
-        def waits_forever():
-            time.sleep(30)
-        waits_forever()
-""")
+#: the probe inherits the test process's environment (MEGATRON_MUSA_PATCH_AUTOACTIVATE=0): it
+#: imports the package without activating it
+SECTION = "tests.features.probes.watchdog_section"
 
 
 def test_a_hung_process_ends_itself_with_a_report_the_launcher_reads(tmp_path):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HUNG, str(tmp_path), "1.5"],
-                          capture_output=True, text=True, timeout=60)
+    proc = run_probe(SECTION, tmp_path, "1.5", "hang", env=dict(os.environ), timeout=60)
     took = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr
     assert took < 15, took
@@ -67,10 +57,7 @@ def test_a_hung_process_ends_itself_with_a_report_the_launcher_reads(tmp_path):
 
 
 def test_a_process_that_keeps_its_deadlines_is_not_ended(tmp_path):
-    script = HUNG.replace("\n    waits_forever()\n", "\n    time.sleep(0.2)\n")
-    assert script != HUNG
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), "1.5"],
-                          capture_output=True, text=True, timeout=60)
+    proc = run_probe(SECTION, tmp_path, "1.5", "keep", env=dict(os.environ), timeout=60)
     assert proc.returncode == 0, proc.stderr
     # the loop's deadline for the next step is armed: the report names it, without stacks
     report = reports.read(str(tmp_path))[3]
@@ -202,39 +189,17 @@ def test_header_format_is_what_the_reader_parses(tmp_path):
     assert reports.read(str(tmp_path))[0] == reports.RankReport(0, 7, 2.5, "evaluation (x)", "")
 
 
-STALE = textwrap.dedent("""
-    import datetime, os, sys
-    import torch.distributed as dist
-    from megatron_musa_patch.features import restart_store
-    attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
-    raw = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                        is_master=False, timeout=datetime.timedelta(seconds=30))
-    mine = restart_store.attempt_store(restart_store.attempt_prefix(os.environ), os.environ,
-                                       datetime.timedelta(seconds=30))
-    if attempt == "0":
-        raw.set(f"addr{rank}", "attempt 0")
-        mine.set(f"addr{rank}", "attempt 0")
-        mine.wait(["addr0", "addr1"])
-        if rank == "1":
-            sys.exit(3)  # the failure torchrun restarts the group for
-    else:
-        print(f"rank {rank} raw={raw.check(['addr1'])} prefixed={mine.check(['addr1'])}",
-              flush=True)
-""")
-
-
-def test_torchrun_shares_its_store_across_attempts_and_the_prefix_keys_them_apart(tmp_path):
+def test_torchrun_shares_its_store_across_attempts_and_the_prefix_keys_them_apart():
     """The cause of the restarted group's failed connect, without Megatron: a key an attempt
     wrote is still there for the next one in torchrun's store (what a late peer's address
     lookup finds), and not under restart_store's per-attempt prefix."""
-    script = tmp_path / "stale.py"
-    script.write_text(STALE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "--max-restarts", "1", str(script)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    # torchrun starts the probe as a module (-m) in each rank, with run_probe's PYTHONPATH
+    proc = run_probe("torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     "--max-restarts", "1", "-m", "tests.features.probes.restart_store_stale",
+                     env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(l for l in proc.stdout.splitlines() if l.startswith("rank ")) == [
         "rank 0 raw=True prefixed=False", "rank 1 raw=True prefixed=False"]

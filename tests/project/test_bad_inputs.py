@@ -403,26 +403,10 @@ def test_dead_rank_report_names_the_rank_and_the_checkpoint(tmp_path):
     assert "rank 0 (killed by SIGTERM)" in text
 
 
-KILLED_WORKER = """
-import os, signal, subprocess, sys, time, torch
-torch.distributed.init_process_group("nccl")
-t = torch.ones(1, device="cuda")
-for step in range(10000):
-    if step == 20 and torch.distributed.get_rank() == 1:
-        # a child that outlives its rank, holding the job's stdout (as megatron-core's
-        # checkpoint writer's multiprocessing Manager does)
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
-        print(f"leftover child pid={child.pid}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)  # mid-run, while rank 0 is in a collective
-    torch.distributed.all_reduce(t)
-    time.sleep(0.01)
-"""
-
-
 @pytest.mark.skipif(MMP is None, reason="the mmp console script is not installed")
 def test_dead_rank_under_mmp_run_ends_the_job_and_is_named(tmp_path):
     script = tmp_path / "worker.py"
-    script.write_text(KILLED_WORKER)
+    shutil.copy(REPO / "tests" / "project" / "probes" / "killed_worker.py", script)
     start = time.monotonic()
     # capture_output waits for every holder of the pipes: the leftover child too
     proc = subprocess.run([MMP, "run", "--nproc-per-node", "2", str(script)],

@@ -5,13 +5,14 @@ import collections
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import FIXTURES, REPO
 
 from tools.conformance import classify, render, runner, tables
 
@@ -21,6 +22,14 @@ worker = importlib.util.module_from_spec(worker_spec)
 worker_spec.loader.exec_module(worker)
 
 F = "tests/unit_tests/x/test_f.py"
+
+
+def _test_file(tmp_path, fixture, name):
+    """A stand-in upstream test file (tests/fixtures/conformance/, named so that our own pytest
+    does not collect it), copied into ``tmp_path`` under the test name the runner is given."""
+    path = tmp_path / name
+    shutil.copy(FIXTURES / "conformance" / fixture, path)
+    return path
 
 
 def report(nodeid, when, outcome, message="", duration=0.5):
@@ -207,9 +216,7 @@ def test_a_test_deselected_because_it_derails_its_file_counts_as_failed():
 
 
 def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
-    test_file = tmp_path / "test_skipped_module.py"
-    test_file.write_text("import pytest\npytest.skip('needs nvidia-modelopt', "
-                         "allow_module_level=True)\n\ndef test_never():\n    pass\n")
+    test_file = _test_file(tmp_path, "skipped_module.py", "test_skipped_module.py")
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
@@ -223,8 +230,7 @@ def test_a_file_skipped_at_module_level_is_reported_as_skipped(tmp_path):
 
 def test_only_deselected_tests_the_file_has_are_recorded(tmp_path):
     # a release whose file lacks a listed test (other parameters, say) gets no record of it
-    (tmp_path / "test_two.py").write_text("def test_kept():\n    pass\n\n"
-                                          "def test_harmful():\n    pass\n")
+    _test_file(tmp_path, "kept_and_harmful.py", "test_two.py")
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "MMP_CONFORMANCE_OUT": str(out), "RANK": "0"}
@@ -288,11 +294,8 @@ def _alive(pid):
 def test_a_stopped_file_leaves_no_process_of_its_ranks_behind(tmp_path):
     """A rank leads a session of its own; what its test started (preprocess_data's worker
     pool) must end with it, not keep the next file's cores busy."""
-    rank = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time\n"
-         "pool = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-         "print(pool.pid, flush=True)\ntime.sleep(120)"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    rank = subprocess.Popen([sys.executable, "-m", "tests.tools.probes.rank_with_pool"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     pool_pid = int(rank.stdout.readline())
     (tmp_path / "rank0.pid").write_text(str(rank.pid))
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
@@ -306,10 +309,10 @@ def test_a_stopped_file_leaves_no_process_of_its_ranks_behind(tmp_path):
     assert not _alive(pool_pid) and rank.returncode == -9 and launcher.returncode == -9
 
 
-def _session_leader(tmp_path, code, rank=0):
-    """A stand-in rank: a process leading a session of its own, its pid where the runner
-    reads it."""
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+def _session_leader(tmp_path, *argv, rank=0):
+    """A stand-in rank, ``python *argv`` (run from the repository root, so ``-m`` finds the
+    probes): a process leading a session of its own, its pid where the runner reads it."""
+    proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, start_new_session=True)
     (tmp_path / f"rank{rank}.pid").write_text(str(proc.pid))
     return proc
 
@@ -331,7 +334,7 @@ def _watched(tmp_path, window, write_events=False):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ranks_that_sit_idle_for_the_window_are_stalled_and_busy_ones_are_not(tmp_path):
     # a rank blocked in a collective sleeps: no CPU, no events
-    waiting = _session_leader(tmp_path, "import time; time.sleep(60)")
+    waiting = _session_leader(tmp_path, "-c", "import time; time.sleep(60)")
     try:
         verdicts = _watched(tmp_path, window=1.5)
         assert verdicts[0] is False and verdicts[-1] is True  # only once a window has passed
@@ -342,7 +345,7 @@ def test_ranks_that_sit_idle_for_the_window_are_stalled_and_busy_ones_are_not(tm
     busy_dir = tmp_path / "busy"
     busy_dir.mkdir()
     # a rank at work (a long GEMM) writes no event either, but uses CPU
-    busy = _session_leader(busy_dir, "while True: pass")
+    busy = _session_leader(busy_dir, "-c", "while True: pass")
     try:
         assert not any(_watched(busy_dir, window=1.5))
     finally:
@@ -356,7 +359,7 @@ def test_the_idle_window_starts_when_the_ranks_do(tmp_path):
     a window of their own before they count as stalled."""
     watch = runner.IdleWatch(tmp_path, window=60)
     assert watch.idle(0.0) is False  # launching: no rank yet
-    rank = _session_leader(tmp_path, "import time; time.sleep(60)")
+    rank = _session_leader(tmp_path, "-c", "import time; time.sleep(60)")
     try:
         assert watch.idle(70.0) is False  # forked a moment ago, nothing collected yet
         assert watch.idle(100.0) is False
@@ -368,9 +371,7 @@ def test_the_idle_window_starts_when_the_ranks_do(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_cpu_is_counted_over_the_ranks_whole_sessions(tmp_path):
     # the rank waits, a process it started (a data worker) computes: the file is not stuck
-    rank = _session_leader(tmp_path, "import subprocess, sys, time\n"
-                           "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-                           "time.sleep(60)")
+    rank = _session_leader(tmp_path, "-m", "tests.tools.probes.rank_with_busy_child")
     try:
         time.sleep(0.5)
         before = runner.session_cpu_seconds({rank.pid})
@@ -394,34 +395,11 @@ def test_a_deselect_entry_without_parameters_covers_every_case_of_the_test():
     assert records[f"{F}::test_pp[a]"]["message"] == "needs mamba-ssm"
 
 
-DIVERGING_TESTS = '''
-import datetime
-import torch
-import torch.distributed as dist
-
-def test_before():
-    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=30))
-
-def test_diverges():
-    if dist.get_rank() == 0:
-        raise AssertionError("rank 0 leaves the collective")
-    dist.barrier()
-
-def test_after():
-    if dist.get_rank() == 0:  # waits for a message from rank 1, which waits in the barrier
-        dist.recv(torch.zeros(1), src=1)
-
-def test_never_reached():
-    pass
-'''
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_file_whose_ranks_deadlock_is_stopped_once_they_sit_idle(tmp_path, lm_path):
     """Ranks that left a collective at different tests wait for each other for ever: the file
     stops after the idle window, not at its timeout, with the test where they parted hung."""
-    test_file = tmp_path / "test_diverging.py"
-    test_file.write_text(DIVERGING_TESTS)
+    test_file = _test_file(tmp_path, "diverging.py", "test_diverging.py")
     begin = time.monotonic()
     result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=10)
@@ -436,37 +414,13 @@ def test_a_file_whose_ranks_deadlock_is_stopped_once_they_sit_idle(tmp_path, lm_
         "finished it (stalled: every rank idle for 10 s)")
 
 
-OUT_OF_STEP_TESTS = '''
-import os
-import time
-import pytest
-
-RANK = int(os.environ["RANK"])
-
-# two ids for one parameter set: a collection error of the class (as upstream's classes
-# parametrised with TE's stand-ins, which pytest cannot name)
-@pytest.mark.parametrize("value", [1], ids=["a", "b"])
-class TestUncollectable:
-    def test_never(self, value):
-        pass
-
-def test_fails_on_rank_0():
-    assert RANK != 0
-
-def test_later_on_rank_1():
-    if RANK == 1:  # rank 0 is through the file and has exited by now
-        time.sleep(15)
-'''
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ranks_out_of_step_all_finish_and_a_collection_error_stops_only_its_class(tmp_path,
                                                                                    lm_path):
     """Without a process group ranks do not run in step: one that gets through the file first
     with a failure must not make torchrun stop the others; and a class pytest cannot collect is
     one failure, not the end of the file."""
-    test_file = tmp_path / "test_out_of_step.py"
-    test_file.write_text(OUT_OF_STEP_TESTS)
+    test_file = _test_file(tmp_path, "out_of_step.py", "test_out_of_step.py")
     result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=60)
     assert result["status"] == "finished", result["output_tail"]
@@ -476,60 +430,9 @@ def test_ranks_out_of_step_all_finish_and_a_collection_error_stops_only_its_clas
     assert [o for n, o in outcomes.items() if "Uncollectable" in n] == ["failed"], outcomes
 
 
-FORKED_RANK_TESTS = '''
-import datetime
-import os
-import time
-
-import torch
-import torch.distributed as dist
-from torch.distributed import rendezvous
-
-RANK = int(os.environ["RANK"])
-
-
-def test_a_rank_has_what_torchrun_gives_it():
-    assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == "2"
-    assert os.environ["LOCAL_RANK"] == str(RANK)
-    assert torch.cuda.current_device() == RANK  # the layer's device: the local rank
-    assert os.getsid(0) == os.getpid()  # a session of its own: the runner stops it by that
-
-
-def test_the_store_outlives_the_rank_that_leaves_first():
-    # upstream's Utils joins MASTER_ADDR:MASTER_PORT through a tcp:// rendezvous
-    url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    store, _, _ = next(rendezvous(url, RANK, 2, timeout=datetime.timedelta(minutes=1)))
-    store.set(f"joined{RANK}", "1")
-    store.wait(["joined0", "joined1"])
-    if RANK == 1:
-        time.sleep(3)  # rank 0 is through the file and has exited by now
-        assert store.add("late", 1) == 1
-
-
-def test_a_group_on_the_store():
-    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=1))
-    total = torch.ones(1, device="cuda") * (RANK + 1)
-    dist.all_reduce(total)
-    assert total.item() == 3
-'''
-
-KILLED_RANK_TESTS = '''
-import os
-import signal
-import time
-
-
-def test_rank_1_is_killed():
-    if os.environ["RANK"] == "1":
-        os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(120)  # rank 0: stopped with the others once rank 1 is gone
-'''
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks; reads /proc")
 def test_forked_ranks_have_torchruns_environment_store_and_group(tmp_path, lm_path):
-    test_file = tmp_path / "test_forked.py"
-    test_file.write_text(FORKED_RANK_TESTS)
+    test_file = _test_file(tmp_path, "forked_ranks.py", "test_forked.py")
     result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=60, launcher="fork")
     assert result["status"] == "finished", result["output_tail"]
@@ -544,8 +447,7 @@ def test_forked_ranks_have_torchruns_environment_store_and_group(tmp_path, lm_pa
 @pytest.mark.parametrize("launcher", tables.LAUNCHERS)
 def test_a_killed_rank_stops_the_file_and_is_named_as_under_torchrun(tmp_path, lm_path,
                                                                       launcher):
-    test_file = tmp_path / "test_killed.py"
-    test_file.write_text(KILLED_RANK_TESTS)
+    test_file = _test_file(tmp_path, "killed_rank.py", "test_killed.py")
     begin = time.monotonic()
     result = runner.run_file(sys.executable, lm_path, str(test_file), 2, timeout=600,
                                   env_extra={}, stall=300, launcher=launcher)

@@ -4,18 +4,19 @@ adds its row to a table, every record not re-verified on it is reported ``unveri
 doctor``, and ``mmp patches --resolve-all --strict`` exits non-zero on it. Every record carries
 explicit ranges, and records whose code reaches torch's private names carry a torch range.
 
-The releases are simulated (tests/upstream/release_probe.py sets the version the layer reads); what
+The releases are simulated (tests.upstream.probes.release.py sets the version the layer reads); what
 ran on the real ones is docs/compatibility.md.
 """
 
 import importlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python, subprocess_env
+from tests.conftest import FIXTURES, REPO, run_probe, run_python, subprocess_env
 
 pytestmark = pytest.mark.release
 
@@ -26,15 +27,13 @@ def mmp(*args, env=None, torch=None, core=None, add_rows=False, timeout=300):
     probe = ["--torch", torch] if torch else []
     probe += ["--megatron-core", core] if core else []
     probe += ["--add-rows"] if add_rows else []
-    code = ("import runpy, sys; sys.argv = ['probe'] + sys.argv[1:]; "
-            "runpy.run_module('tests.upstream.release_probe', run_name='__main__')")
     overrides = {"MEGATRON_MUSA_PATCH_AUTOACTIVATE": "0", "MEGATRON_MUSA_PATCH_DEVICE": "cpu",
                  **(env or {})}
     environment = subprocess_env(**overrides)
     if core:  # a checkout of the installed release would not match the simulated one
         environment.pop("MEGATRON_LM_PATH", None)
-    return run_python(code, args=(*probe, "--", *args), cwd=REPO, timeout=timeout,
-                      env=environment)
+    return run_probe("tests.upstream.probes.release", *probe, "--", *args, timeout=timeout,
+                     env=environment)
 
 
 def patches(proc) -> list:
@@ -198,8 +197,8 @@ def test_a_torch_musa_built_on_another_torch_stops_device_selection(tmp_path):
     proc = run_python(code, env=subprocess_env(PYTHONPATH=str(site)))
     assert proc.returncode == 2, proc.stderr[-2000:]
     text = " ".join(proc.stderr.split())
-    assert text.startswith(f"megatron_musa_patch: error: MEGATRON_MUSA_PATCH_DEVICE=auto: "
-                           f"torch_musa 2.9.0.post1 is built on torch 2.9.0, but torch ")
+    assert text.startswith("megatron_musa_patch: error: MEGATRON_MUSA_PATCH_DEVICE=auto: "
+                           "torch_musa 2.9.0.post1 is built on torch 2.9.0, but torch ")
     assert "Reinstall the torch that came with your MUSA SDK (torch 2.9.0" in text
     on_cpu = run_python(code, env=subprocess_env(PYTHONPATH=str(site),
                                                  MEGATRON_MUSA_PATCH_DEVICE="cpu"))
@@ -219,14 +218,7 @@ def test_a_cuda_build_of_torch_beside_torch_musa_stops_device_selection(tmp_path
 
 
 def test_a_plugin_record_without_ranges_stops_activation_with_one_paragraph(tmp_path):
-    (tmp_path / "rangeless_plugin.py").write_text(
-        "from megatron_musa_patch.core.hookspecs import hookimpl\n"
-        "from megatron_musa_patch.core.records import Patch\n"
-        "FEATURE = 'rangeless'\n"
-        "@hookimpl\n"
-        "def mmp_register_patches(registry):\n"
-        "    registry.add(Patch('rangeless.x', 'megatron.core.utils:get_attr_wrapped_model',\n"
-        "                       'wrap', lambda w, i, a, k: w(*a, **k), FEATURE))\n")
+    shutil.copy(FIXTURES / "plugins" / "rangeless_plugin.py", tmp_path)  # alone on PYTHONPATH
     proc = run_python("import megatron_musa_patch", env=subprocess_env(
         PYTHONPATH=str(tmp_path), MEGATRON_MUSA_PATCH_PLUGINS="rangeless_plugin",
         MEGATRON_MUSA_PATCH_DEVICE="cpu"))

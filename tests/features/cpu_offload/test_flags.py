@@ -15,7 +15,7 @@ import torch
 from megatron_musa_patch.features import cpu_offload
 from megatron_musa_patch.lib.offload import dtypes
 
-from tests.conftest import run_python, subprocess_env
+from tests.conftest import run_probe, subprocess_env
 
 
 def args(**overrides):
@@ -94,37 +94,9 @@ def test_config_check_names_attributes_for_megatron_core_users():
         cpu_offload._check_config(config)
 
 
-CONFIGS = r"""
-import json, torch
-import megatron_musa_patch
-from megatron.core.optimizer import OptimizerConfig
-from megatron_musa_patch.core.errors import ArgumentError
-out = {}
-cases = {
-    "aware": dict(use_precision_aware_optimizer=True),
-    "aware-bf16-moments": dict(use_precision_aware_optimizer=True, bf16=True,
-                               exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16),
-    "aware-fp16-sq": dict(use_precision_aware_optimizer=True, exp_avg_sq_dtype=torch.float16),
-    "offload-zero": dict(use_precision_aware_optimizer=True, optimizer_cpu_offload=True),
-    "offload-half": dict(use_precision_aware_optimizer=True, optimizer_cpu_offload=True,
-                         optimizer_offload_fraction=0.5),
-}
-for name, kw in cases.items():
-    try:
-        c = OptimizerConfig(optimizer="adam", use_distributed_optimizer=True, **kw)
-        out[name] = ["ok", c.optimizer_cpu_offload,
-                     c.use_precision_aware_optimizer_no_fp8_or_ds_fp8]
-    except ArgumentError as e:
-        out[name] = ["refused", str(e)]
-from megatron_musa_patch import active_session as current
-out["patches"] = {r.id: r.status for r in current().registry.results()
-                  if r.feature == "cpu_offload"}
-print("RESULT" + json.dumps(out))
-"""
-
-
 def test_optimizer_config_without_te_activated():
-    proc = run_python(CONFIGS, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.features.cpu_offload.probes.optimizer_configs",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert "RESULT" in proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     # upstream raises "requires FusedAdam from TransformerEngine" here

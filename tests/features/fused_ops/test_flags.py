@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from megatron_musa_patch.features import group
 
+from tests.conftest import run_probe, subprocess_env
 from tests.harness.sessions import make_session
 
 FUSIONS = group("fused_ops")
@@ -61,42 +62,14 @@ def test_records_target_each_fusion_point():
 def test_compiled_formulas_trace_whole_with_the_layer_active():
     """The device layer wraps torch factories and Tensor.to; a formula dynamo cannot trace would
     silently run eagerly. Every compiled formula must stay one graph with the CPU row active."""
-    from tests.conftest import run_python, subprocess_env
-
-    code = """
-import megatron_musa_patch, torch
-from megatron_musa_patch.lib.ops import softmax, norm, swiglu, rope
-x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16); m = torch.ones(8, 8, dtype=torch.bool).triu(1)
-w, r, h = torch.ones(8), torch.ones(6, 1), x.reshape(-1, 8)[:6]
-cases = [(softmax._fwd, (x, m, 0.1)), (softmax._bwd, (x, x, 0.1)),
-         (norm._rms_fwd, (h, w, 1e-5)),
-         (norm._rms_bwd, (h, h, w, r)),
-         (swiglu._fwd32, (x, None)), (swiglu._bwd32, (x[..., :4], x, None)),
-         (rope._fwd, (x, x, x, False)), (rope._bwd, (x, x, x, True))]
-for fn, args in cases:
-    e = torch._dynamo.explain(fn)(*args)
-    assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
-print("one graph each")
-"""
-    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.features.fused_ops.probes.compiled_formulas",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert "one graph each" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def test_mla_takes_the_unfused_rope_path_off_cuda():
     """MLA's fused RoPE is a triton kernel for CUDA: with the default --rope-fusion, building
     its config must not fail here (rope_type 'rope' raised in __post_init__ upstream)."""
-    from tests.conftest import run_python, subprocess_env
-
-    code = """
-import megatron_musa_patch
-from megatron.core.transformer.transformer_config import MLATransformerConfig
-for rope_type in ("rope", "yarn"):
-    config = MLATransformerConfig(
-        num_layers=2, hidden_size=64, num_attention_heads=4, multi_latent_attention=True,
-        q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16,
-        rope_type=rope_type, apply_rope_fusion=True)
-    assert config.apply_rope_fusion is False, rope_type
-print("unfused MLA RoPE")
-"""
-    proc = run_python(code, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    proc = run_probe("tests.features.fused_ops.probes.mla_rope_config",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert "unfused MLA RoPE" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -128,9 +128,10 @@ def test_moe_experts_with_biases_train(lm_path):
     """Without --disable-bias-linear upstream's experts add their bias in place to the TP
     reduction's output, so the first step fails on every device; upstream_fixes adds it out of
     place (the numbers are checked against the formula in
-    tests/features/upstream_fixes/test_expert_bias.py). Here: it trains on 1 rank and with the experts split over 2 (expert parallelism initialises
-    the experts differently, so those losses are not compared). (With upstream_fixes off the
-    run stops earlier, at upstream's te_general_gemm NameError in the router.)"""
+    tests/features/upstream_fixes/test_expert_bias.py). Here: it trains on 1 rank and with the
+    experts split over 2 (expert parallelism initialises the experts differently, so those losses
+    are not compared). (With upstream_fixes off the run stops earlier, at upstream's
+    te_general_gemm NameError in the router.)"""
     moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
            "alltoall"]
     one, _, _ = run_stock(lm_path, moe, nproc=1, iters=4)

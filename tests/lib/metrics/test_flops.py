@@ -15,7 +15,7 @@ from megatron_musa_patch.lib.metrics import flops
 from megatron_musa_patch.features import throughput
 from megatron_musa_patch.lib.metrics.peak_flops import Peak, lookup, measure_matmul, training_dtype
 
-from tests.conftest import run_python, subprocess_env
+from tests.conftest import run_probe, subprocess_env
 
 
 def megatron_args(**overrides):
@@ -125,20 +125,11 @@ def test_against_upstream_num_floating_point_operations(lm_path):
     dense and GQA; for MoE it lacks the router and adds MTP norms (3h); for MLA it adds the
     q/kv RMSNorms (q_lora_rank + kv_lora_rank per layer)."""
     payload = {name: (vars(args), batch) for name, (args, batch, _) in CASES.items()}
-    # later releases read more attributes (hybrid_layer_pattern, ...): unset ones are None, as
-    # Megatron-LM's parser leaves them without their flags
-    code = (
-        "import json, sys, types\n"
-        "import megatron_musa_patch\n"
-        "from megatron.training.training import num_floating_point_operations as count\n"
-        "class Args(types.SimpleNamespace):\n"
-        "    def __getattr__(self, name):\n"
-        "        return None\n"
-        "cases = json.loads(sys.argv[1])\n"
-        "print(json.dumps({k: count(Args(**a), b) for k, (a, b) in cases.items()}))\n")
-    proc = run_python(code, args=(json.dumps(payload),),
-                      env=subprocess_env(MEGATRON_LM_PATH=str(lm_path),
-                                         MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    # later releases read more attributes (hybrid_layer_pattern, ...): the probe reads unset
+    # ones as None, as Megatron-LM's parser leaves them without their flags
+    proc = run_probe("tests.lib.metrics.probes.upstream_flops", json.dumps(payload),
+                     env=subprocess_env(MEGATRON_LM_PATH=str(lm_path),
+                                        MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     upstream = json.loads(proc.stdout.strip().splitlines()[-1])
     assert upstream["dense"] == DENSE_EXPECTED

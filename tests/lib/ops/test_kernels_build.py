@@ -21,6 +21,8 @@ import pytest
 
 from megatron_musa_patch.lib.ops import kernels
 
+from tests.conftest import run_probe
+
 REPO = Path(__file__).resolve().parents[3]
 CSRC = REPO / "csrc"
 ARCHS = ("80", "90")
@@ -270,14 +272,11 @@ def test_build_dir_respects_torch_extensions_dir(monkeypatch, tmp_path):
 def test_import_is_light():
     """Importing the loader must not import torch (it is imported by the op modules, and `mmp
     doctor` only asks for a status line); nor must the sources module setup.py loads by path."""
-    code = ("import os, sys\n"
-            "os.environ['MEGATRON_MUSA_PATCH_AUTOACTIVATE'] = '0'\n"
-            "import megatron_musa_patch.lib.ops.kernels\n"
-            "import importlib.util\n"
-            f"spec = importlib.util.spec_from_file_location('k', {str(REPO / 'megatron_musa_patch/lib/ops/kernels/sources.py')!r})\n"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-            "print('torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the test process's environment as it is (MEGATRON_MUSA_PATCH_AUTOACTIVATE=0 from
+    # conftest): the start-up hook must not activate, and import torch, before the probe runs
+    out = run_probe("tests.lib.ops.probes.kernels_import_light",
+                    REPO / "megatron_musa_patch/lib/ops/kernels/sources.py",
+                    env=dict(os.environ), timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 

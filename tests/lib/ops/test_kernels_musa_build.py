@@ -18,29 +18,16 @@ import pytest
 
 from megatron_musa_patch.lib.ops.kernels import sources
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, run_probe
 from tests.device.musa_rows import MAPPINGS, musa_env, needs_torchada
 
 CSRC = REPO / "csrc"
 
-JIT = r"""
-import json, os
-import megatron_musa_patch, torch_musa
-from torch_musa.utils import musa_extension
-from megatron_musa_patch.lib.ops.kernels import build
-build.build("musa")
-call = musa_extension.BUILDS[-1]
-call["wrappers"] = {os.path.basename(s): open(s).read() for s in call["sources"]
-                    if s.endswith(".mu")}
-call["adapter"] = megatron_musa_patch.active_session().torch_mapping.adapter
-call["csrc"] = str(build.csrc_dir())
-print("RESULT" + json.dumps(call))
-"""
-
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
 def test_jit_build_uses_torch_musas_loader_on_mu_wrappers(mapping, tmp_path):
-    proc = run_python(JIT, env=musa_env(mapping, TORCH_EXTENSIONS_DIR=str(tmp_path)))
+    proc = run_probe("tests.lib.ops.probes.musa_jit_build",
+                     env=musa_env(mapping, TORCH_EXTENSIONS_DIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     call = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert call["adapter"] == {"torchada": "torchada", "builtin": "megatron_musa_patch"}[mapping]
@@ -57,16 +44,6 @@ def test_jit_build_uses_torch_musas_loader_on_mu_wrappers(mapping, tmp_path):
     assert call["build_directory"].startswith(str(tmp_path))
 
 
-AOT = r"""
-import json, runpy, setuptools
-setuptools.setup = lambda **kwargs: None  # only the extension configuration is wanted
-setup = runpy.run_path("setup.py")
-ext, = setup["EXT_MODULES"]
-print("RESULT" + json.dumps({"name": ext.name, "sources": ext.sources, "kwargs": ext.kwargs,
-      "build_ext": setup["EXT_CMDCLASS"]["build_ext"].__module__}))
-"""
-
-
 def test_setup_py_builds_musa_through_musa_extension(tmp_path):
     # a copy of what setup.py reads, so the wrappers it writes stay out of the checkout
     for name in ("setup.py", "README.md", "megatron_musa_patch.pth"):
@@ -74,7 +51,9 @@ def test_setup_py_builds_musa_through_musa_extension(tmp_path):
     shutil.copytree(REPO / "csrc", tmp_path / "csrc")
     shutil.copytree(REPO / "megatron_musa_patch", tmp_path / "megatron_musa_patch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    proc = run_python(AOT, cwd=tmp_path, env=musa_env("builtin", MMP_BUILD_KERNELS="1"))
+    # the copy first on sys.path (the current directory): setup.py and the package it imports
+    proc = run_probe("tests.lib.ops.probes.musa_setup_py", cwd=tmp_path,
+                     env=musa_env("builtin", MMP_BUILD_KERNELS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     ext = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert ext["name"] == "megatron_musa_patch._kernels_musa"
@@ -94,23 +73,6 @@ def test_musa_extra_pins_the_measured_torchada():
     assert f'"musa": ["torchada=={adapter.TESTED_VERSION}"]' in text
 
 
-CUDA_EXTENSION = r"""
-import json, pathlib, torch, torchada
-from torch.utils.cpp_extension import CUDAExtension
-from torch_musa.utils import musa_extension
-from torchada.utils.cpp_extension import _port_cuda_source
-from megatron_musa_patch.lib.ops.kernels import sources
-csrc = pathlib.Path(sources.csrc_dir())
-CUDAExtension("x", [str(csrc / sources.BINDING_SOURCE)] + [str(csrc / k) for k in
-              sources.KERNEL_SOURCES], include_dirs=[str(csrc / "include")],
-              extra_compile_args={"cxx": sources.CXX_FLAGS, "nvcc": sources.NVCC_FLAGS})
-call = musa_extension.BUILDS[-1]
-files = [sources.BINDING_SOURCE, *sources.KERNEL_SOURCES, *sources.HEADERS]
-ported = {f: _port_cuda_source((csrc / f).read_text()) for f in files}
-print("RESULT" + json.dumps({"call": call, "ported": ported}))
-"""
-
-
 def _branches(text):
     """(MUSA branch, CUDA branch) of the device-selecting #if in a portable source."""
     match = re.search(r"#if defined\((?:__MUSACC__\) \|\| defined\()?USE_MUSA\)\n(.*?)\n#else\n"
@@ -121,8 +83,8 @@ def _branches(text):
 
 @needs_torchada
 def test_torchadas_cuda_extension_route_would_port_the_checkout_in_place():
-    proc = run_python(CUDA_EXTENSION, env=musa_env("torchada",
-                                                   MEGATRON_MUSA_PATCH_AUTOACTIVATE="0"))
+    proc = run_probe("tests.lib.ops.probes.musa_torchada_cuda_extension",
+                     env=musa_env("torchada", MEGATRON_MUSA_PATCH_AUTOACTIVATE="0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     call = res["call"]

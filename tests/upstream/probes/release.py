@@ -1,5 +1,5 @@
 """Run ``mmp`` as if another torch or megatron-core were installed (``python -m
-tests.upstream.release_probe [--torch V] [--megatron-core V] [--add-rows] -- mmp-args``).
+tests.upstream.probes.release [--torch V] [--megatron-core V] [--add-rows] -- mmp-args``).
 
 ``--torch`` sets the imported torch's ``__version__`` (what the layer reads); ``--megatron-core``
 answers the installed megatron-core's version; ``--add-rows`` adds their series to the support
