@@ -12,8 +12,6 @@ import nothing of pytest's until a test calls them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from megatron_musa_patch.cli.tiny_gpt import (DEFAULTS, batches, build_chunks,
                                               build_model, forward_step, init_parallel, options,
@@ -28,14 +26,11 @@ def torchrun(worker, *args, nproc=2, timeout=900, **env):
     """Run the worker module (``tests.features.fusion_worker``) on ``nproc`` CPU ranks with
     ``--standalone`` torchrun, from the repository root; ``env`` adds variables. Returns the
     finished process after asserting it exited cleanly."""
-    from tests.conftest import REPO, subprocess_env  # the test process's side only
+    from tests.conftest import run_probe, subprocess_env  # the test process's side only
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", worker, *map(str, args)]
-    full_env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env)
-    full_env["PYTHONPATH"] = ":".join(p for p in (str(REPO), full_env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, env=full_env, cwd=str(REPO), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = run_probe("torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                     "-m", worker, *args, timeout=timeout,
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 
