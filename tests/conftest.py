@@ -51,11 +51,12 @@ def run_probe(module, *args, env=None, cwd=None, timeout=300):
                           cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def run_on_one_cpu_rank(code, tmp_path, **env):
-    """Run a probe on the CPU row that joins a one-rank gloo group through the file store its
-    ``sys.argv[1]`` names; ``env`` adds variables (a ``MEGATRON_MUSA_PATCH_DISABLE``, say)."""
-    return run_python(code, args=(str(tmp_path / "store"),),
-                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
+def run_probe_on_one_cpu_rank(module, tmp_path, *args, **env):
+    """Run probe ``module`` on the CPU row; it joins a one-rank gloo group through the file store
+    its ``sys.argv[1]`` names (in ``tmp_path``), ``args`` follow; ``env`` adds variables (a
+    ``MEGATRON_MUSA_PATCH_DISABLE``, say)."""
+    return run_probe(module, tmp_path / "store", *args,
+                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
 
 
 def printed_lines(proc, prefixes):

@@ -2,18 +2,11 @@
 gradient_reduce_div_fusion) reduces with SUM after scaling, where upstream's PREMUL_SUM fails on
 gloo; the result is the scaled sum, and the caller's config keeps its setting."""
 
-from tests.conftest import printed_lines, run_probe, subprocess_env
+from tests.conftest import printed_lines, run_probe_on_one_cpu_rank
 
 #: one gloo rank: the reduce op megatron-fsdp picks for fp32 gradients scaled by 0.25, used in
 #: a reduce-scatter as its buffers use it
 PROBE = "tests.features.probes.fsdp_reduce_premul"
-
-
-def run_probe_on_one_cpu_rank(module, tmp_path, *args, **env):
-    """``module`` on the CPU row, joining a one-rank gloo group through a file store in
-    ``tmp_path``; ``env`` adds variables."""
-    return run_probe(module, tmp_path / "store", *args,
-                     env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu", **env))
 
 
 def _lines(proc):

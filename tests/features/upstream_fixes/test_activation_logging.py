@@ -6,7 +6,7 @@ from packaging.version import Version
 
 from megatron_musa_patch.upstream.conditions import te_installed
 
-from tests.features.upstream_fixes.one_rank_probes import run_probe_on_one_cpu_rank
+from tests.conftest import run_probe_on_one_cpu_rank
 
 PROBE = "tests.features.upstream_fixes.probes.activation_logging"
 

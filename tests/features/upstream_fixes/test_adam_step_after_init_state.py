@@ -4,9 +4,8 @@ state (step 0), instead of stopping at a missing ``step``."""
 
 import pytest
 
-from tests.conftest import printed_lines
-from tests.features.upstream_fixes.one_rank_probes import (apex_or_te_installed,
-                                                           run_probe_on_one_cpu_rank)
+from tests.conftest import printed_lines, run_probe_on_one_cpu_rank
+from tests.features.upstream_fixes.one_rank_probes import apex_or_te_installed
 
 PROBE = "tests.features.upstream_fixes.probes.adam_step_after_init_state"
 

@@ -5,8 +5,8 @@ before any step (upstream's ``init_state_fn``, and its checkpointing tests, set 
 
 import pytest
 
-from tests.features.upstream_fixes.one_rank_probes import (apex_or_te_installed,
-                                                           run_probe_on_one_cpu_rank)
+from tests.conftest import run_probe_on_one_cpu_rank
+from tests.features.upstream_fixes.one_rank_probes import apex_or_te_installed
 
 PROBE = "tests.features.upstream_fixes.probes.distopt_step_counters"
 

@@ -3,9 +3,8 @@ OptimizerConfig whose lr is unset (None), as it does with TE's FusedAdam, and ke
 
 import pytest
 
-from tests.conftest import printed_lines
-from tests.features.upstream_fixes.one_rank_probes import (apex_or_te_installed,
-                                                           run_probe_on_one_cpu_rank)
+from tests.conftest import printed_lines, run_probe_on_one_cpu_rank
+from tests.features.upstream_fixes.one_rank_probes import apex_or_te_installed
 
 PROBE = "tests.features.upstream_fixes.probes.optimizer_lr_unset"
 

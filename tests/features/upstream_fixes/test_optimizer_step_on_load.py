@@ -4,9 +4,8 @@ into torch's Adam, at step 0, and a step then runs from there."""
 
 import pytest
 
-from tests.conftest import printed_lines
-from tests.features.upstream_fixes.one_rank_probes import (apex_or_te_installed,
-                                                           run_probe_on_one_cpu_rank)
+from tests.conftest import printed_lines, run_probe_on_one_cpu_rank
+from tests.features.upstream_fixes.one_rank_probes import apex_or_te_installed
 
 PROBE = "tests.features.upstream_fixes.probes.optimizer_step_on_load"
 

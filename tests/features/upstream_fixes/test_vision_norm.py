@@ -5,8 +5,7 @@ import pytest
 
 from megatron_musa_patch.upstream.conditions import te_installed
 
-from tests.conftest import printed_lines
-from tests.features.upstream_fixes.one_rank_probes import run_probe_on_one_cpu_rank
+from tests.conftest import printed_lines, run_probe_on_one_cpu_rank
 
 PROBE = "tests.features.upstream_fixes.probes.vision_norm"
 
