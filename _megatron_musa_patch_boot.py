@@ -54,8 +54,12 @@ def pth_hook() -> None:
     """Activate in this process when MEGATRON_MUSA_PATCH is set. A launcher's agent does not
     activate (its workers activate themselves): torchrun's is left alone, dlrover-run's and
     nvidia-resiliency-ext's ft_launcher get what ``mmp run`` gives torchrun
-    (``launch.supervise``), and dlrover's standalone master is left alone."""
+    (``launch.supervise``), and dlrover's standalone master is left alone. multiprocessing's
+    helper processes activate when they first import torch or megatron (_ActivateOnFirstImport)."""
     if not wanted() or _started_as(TORCHRUN) or _started_as(DLROVER_MASTER):
+        return
+    if _multiprocessing_helper():
+        sys.meta_path.insert(0, _ActivateOnFirstImport())
         return
     for names, launcher in ((DLROVER_RUN, "dlrover-run"), (FT_LAUNCHER, "ft_launcher")):
         if _started_as(names):
@@ -63,6 +67,60 @@ def pth_hook() -> None:
                 from megatron_musa_patch.cli.launch import supervise
             supervise(launcher)
             return
+    _activate()
+
+
+def _multiprocessing_helper() -> bool:
+    """A process multiprocessing started: a spawn child, the resource tracker, the forkserver
+    (their command lines are ``python -c "from multiprocessing.<module> import ..."``)."""
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    return "-c" in argv[1:-1] and argv[argv.index("-c", 1) + 1].startswith("from multiprocessing.")
+
+
+class _ActivateOnFirstImport:
+    """Activates the layer when the process first imports torch or megatron, not at start-up.
+
+    multiprocessing's helpers inherit MEGATRON_MUSA_PATCH. Most never import either (the resource
+    tracker; the Manager server that dist_checkpointing's writer starts on every rank), and
+    activating there imports torch for nothing: 4 s of CPU each, on a 2-core machine while the
+    ranks wait. One that runs Megatron or torch code activates before that code runs, as its
+    parent did: before megatron's package is found, right after torch has run (activation
+    imports torch itself)."""
+
+    def __init__(self):
+        self.done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if self.done or name not in ("torch", "megatron"):
+            return None
+        self.done = True  # once, and not for the imports activation makes
+        import importlib.util
+
+        if name == "megatron":
+            _activate()
+            return importlib.util.find_spec(name)  # through the finders activation added
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ActivatingLoader(spec.loader)
+        return spec
+
+
+class _ActivatingLoader:
+    """torch's own loader, with the layer's activation once torch's package has run."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader  # as a plain import leaves them
+        self.loader.exec_module(module)
+        _activate()
+
+
+def _activate() -> None:
     import megatron_musa_patch  # activates, unless MEGATRON_MUSA_PATCH_AUTOACTIVATE is off
 
     megatron_musa_patch._activate_on_import()  # a no-op where the import activated

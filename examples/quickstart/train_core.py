@@ -2,15 +2,20 @@
 without a Megatron-LM checkout, save a checkpoint and resume from it.
 
     mmp run --standalone --nproc-per-node 2 train_core.py --data-path "$DATA_PATH" \\
-        --tokenizer-model tok/ --tp 2 --iters 40 --save ckpt --save-at 20
+        --tokenizer-model tok/ --tp 2 --iters 40 --save ckpt --save-at 20 --exit-interval 20
     mmp run ... train_core.py ... --load ckpt          # resumes at the saved iteration
 
 This is not the stock ``pretrain_gpt.py``: it is megatron-core's own pieces put together by
 hand (``GPTDataset`` through ``BlendedMegatronDatasetBuilder`` on the ``.bin/.idx`` pairs and
 weights of ``DATA_PATH``, a Llama-style GPT on the local layer spec with the tokenizer's vocabulary,
-DDP, the Megatron optimizer, the pipeline schedule, ``dist_checkpointing``). It prints one line
-per iteration in the format of Megatron-LM's training log, with tokens/s per device and MFU.
-``--losses FILE`` writes {iteration: loss} so a resumed run can be compared with the first.
+DDP, the Megatron optimizer, the pipeline schedule, ``dist_checkpointing`` with
+``--ckpt-format torch_dist``). It prints one line per iteration in the format of Megatron-LM's
+training log, with tokens/s per device and MFU. ``--losses FILE`` writes {iteration: loss} so a
+resumed run can be compared with an uninterrupted one.
+
+Nothing but the standard library is imported at the top: a process that multiprocessing spawns
+(dist_checkpointing's writer starts one on every rank) imports this file again as
+``__mp_main__``.
 """
 
 from __future__ import annotations
@@ -23,9 +28,6 @@ import time
 from functools import partial
 from types import SimpleNamespace
 
-import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
-
-import torch  # noqa: E402
 
 
 def parse(argv):
@@ -39,12 +41,17 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--save", help="checkpoint directory")
-    p.add_argument("--save-at", type=int, help="save after this iteration (and go on)")
+    p.add_argument("--save-at", type=int, help="save after this iteration")
+    p.add_argument("--exit-interval", type=int,
+                   help="stop after this iteration (after its checkpoint), as Megatron-LM's flag")
+    p.add_argument("--ckpt-format", choices=("torch_dist", "torch"), default="torch_dist",
+                   help="torch_dist: megatron-core's dist_checkpointing; torch: one torch.save "
+                        "file per rank (Megatron-LM's legacy format)")
     p.add_argument("--load", help="resume from this checkpoint directory")
     p.add_argument("--cache", help="dataset index cache directory")
     p.add_argument("--losses", help="rank 0 writes {iteration: loss} here")
@@ -52,12 +59,21 @@ def parse(argv):
 
 
 def build_tokenizer(model_dir):
-    from megatron_musa_patch.data import tokenizer
+    """What GPTDataset reads of the tokenizer (eod, the vocabulary size, and for its cache key
+    ``unique_identifiers``): from the check that ``mmp data prepare`` recorded for this tokenizer
+    when there is one (no transformers import: 3-5 s a rank here), else megatron-core's own
+    builder."""
+    from megatron_musa_patch.data import light, tokenizer
 
     parser = argparse.ArgumentParser()
     tokenizer.add_arguments(parser)
-    return tokenizer.build(parser.parse_args(
-        ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model_dir]))
+    args = parser.parse_args(["--tokenizer-type", "HuggingFaceTokenizer",
+                              "--tokenizer-model", model_dir])
+    ids = light.checked_ids(args)
+    if ids is None:
+        return tokenizer.build(args)
+    return SimpleNamespace(eod=ids["eod"], vocab_size=ids["vocab_size"],
+                           unique_identifiers={"tokenizer_check": ids["record"]})
 
 
 def build_dataset(opts, tok, samples):
@@ -89,11 +105,15 @@ def batches(dataset, opts, start_iteration, dp_rank, dp_size):
 
 
 def _stack(samples):
+    import torch
+
     keys = ("tokens", "labels", "loss_mask", "position_ids")
     return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
 
 
 def forward_step(data_iterator, model, seq):
+    import torch
+
     batch = {k: v.to("cuda") for k, v in next(data_iterator).items()}  # 'cuda': this device
     mask = torch.ones(1, 1, seq, seq, dtype=torch.bool, device="cuda").triu(1)
     output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
@@ -108,6 +128,7 @@ def forward_step(data_iterator, model, seq):
 
 def build_model(opts, vocab):
     """A Llama-style GPT on the local spec: RMSNorm, SwiGLU, GQA, RoPE, no biases, fp32."""
+    import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -134,9 +155,47 @@ def checkpoint_state(model, optimizer, iteration, loading=False):
             "iteration": iteration}
 
 
+def save(opts, model, optimizer, iteration, rank):
+    import torch
+
+    if rank == 0:
+        os.makedirs(opts.save, exist_ok=True)  # dist_checkpointing wants it to exist
+    torch.distributed.barrier()
+    if opts.ckpt_format == "torch_dist":
+        from megatron.core import dist_checkpointing
+
+        dist_checkpointing.save(checkpoint_state(model, optimizer, iteration), opts.save)
+    else:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "iteration": iteration}, os.path.join(opts.save, f"rank{rank:05d}.pt"))
+    torch.distributed.barrier()
+
+
+def load(opts, model, optimizer, rank) -> int:
+    """Restores the model and optimizer from ``--load``; returns the saved iteration."""
+    import torch
+
+    if opts.ckpt_format == "torch_dist":
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(checkpoint_state(model, optimizer, 0, loading=True),
+                                        opts.load)
+    else:
+        path = os.path.join(opts.load, f"rank{rank:05d}.pt")
+        if not os.path.isfile(path):
+            raise SystemExit(f"train_core.py: --load {opts.load} has no {os.path.basename(path)}"
+                             f" (saved with another --ckpt-format, or by another world size?)")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["iteration"])
+
+
 def main(argv=None):
     opts = parse(sys.argv[1:] if argv is None else argv)
-    from megatron.core import dist_checkpointing, parallel_state
+    import megatron_musa_patch  # noqa: F401 - activates before Megatron is imported
+    import torch
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -168,11 +227,7 @@ def main(argv=None):
 
     start = 0
     if opts.load:
-        state = dist_checkpointing.load(checkpoint_state(model, optimizer, 0, loading=True),
-                                        opts.load)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["iteration"])
+        start = load(opts, model, optimizer, rank)
         if rank == 0:
             print(f"loaded checkpoint {opts.load} at iteration {start}", flush=True)
 
@@ -220,12 +275,12 @@ def main(argv=None):
                   f" {elapsed * 1000:.1f} |{fields} global batch size: {opts.global_batch:5d} |"
                   f" lm loss: {loss:.6E} | grad norm: {grad_norm:.3f} |", flush=True)
         if opts.save and iteration == opts.save_at:
+            save(opts, model, optimizer, iteration, rank)
             if rank == 0:
-                os.makedirs(opts.save, exist_ok=True)  # dist_checkpointing wants it to exist
-            torch.distributed.barrier()
-            dist_checkpointing.save(checkpoint_state(model, optimizer, iteration), opts.save)
-            if rank == 0:
-                print(f"saved checkpoint {opts.save} at iteration {iteration}", flush=True)
+                print(f"saved checkpoint {opts.save} at iteration {iteration} "
+                      f"({opts.ckpt_format})", flush=True)
+        if iteration == opts.exit_interval:
+            break
 
     if rank == 0 and opts.losses:
         with open(opts.losses, "w") as f:

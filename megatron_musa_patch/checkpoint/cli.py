@@ -77,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return import_hf(opts)
         return export_hf(opts)
     except ConversionError as exc:
-        print(exc.render(), file=sys.stderr)
+        print(exc.render(prog=f"mmp checkpoint {opts.verb}"), file=sys.stderr)
         return exc.exit_code
 
 
@@ -435,7 +435,7 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
     env.setdefault("MEGATRON_MUSA_PATCH_DEVICE", CPU.name)
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
-        raise SystemExit(f"mmp checkpoint: the {mode} step on {ranks} rank(s) failed (exit "
+        raise SystemExit(f"mmp checkpoint: error: the {mode} step on {ranks} rank(s) failed (exit "
                          f"{proc.returncode}); nothing was written (see its output above).")
 
 

@@ -283,7 +283,7 @@ def run() -> None:
     try:
         sys.exit(main())
     except MegatronMusaPatchError as exc:  # a refusal found while filling: one paragraph
-        print(exc.render(), file=sys.stderr)
+        print(exc.render(prog="mmp checkpoint"), file=sys.stderr)
         sys.exit(exc.exit_code)
 
 

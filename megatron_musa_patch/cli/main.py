@@ -61,10 +61,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise MegatronMusaPatchError(f"`mmp data` is unavailable: {exc}") from exc
             return data_cli.main(rest)
     except MegatronMusaPatchError as exc:
-        print(exc.render(), file=sys.stderr)
+        print(exc.render(prog=program(command, rest)), file=sys.stderr)
         return exc.exit_code
-    print(f"mmp: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    print(f"{USAGE}\nmmp: error: unknown command {command!r}", file=sys.stderr)
     return 2
+
+
+def program(command: str, rest: List[str]) -> str:
+    """The command as typed, as argparse names it in its errors: ``mmp data prepare``."""
+    verb = rest[:1] if command in ("data", "checkpoint") and rest and \
+        not rest[0].startswith("-") else []
+    return " ".join(["mmp", command, *verb])
 
 
 #: what each command's exit status means (``--help`` says it, docs/reference/cli.md lists it)
@@ -175,7 +182,8 @@ def _import_targets(state) -> None:
         except MegatronMusaPatchError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, not fatal, for a diagnostic command
-            print(f"mmp: importing {module} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"mmp doctor: warning: importing {module} failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
 
 def _ships_training() -> bool:

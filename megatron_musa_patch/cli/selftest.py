@@ -91,17 +91,14 @@ def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: fl
 
 
 def main(argv=None) -> int:
-    opts = parse(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    opts = p.parse_args(sys.argv[1:] if argv is None else argv)
     layouts = [name.strip() for name in opts.layouts.split(",") if name.strip()]
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
-        print(f"mmp selftest: unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}",
-              file=sys.stderr)
-        return 2
+        p.error(f"--layouts: unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
     if any(name.startswith("ep") for name in layouts) and "--experts" not in MODELS[opts.model]:
-        print("mmp selftest: ep2 layouts need an MoE model: add --model moe (or deepseek)",
-              file=sys.stderr)
-        return 2
+        p.error("--layouts: ep2 layouts need an MoE model: add --model moe (or deepseek)")
     workdir = opts.keep or tempfile.mkdtemp(prefix="mmp-selftest-")
     os.makedirs(workdir, exist_ok=True)
     common = ["--steps", str(opts.steps), *MODELS[opts.model]]
@@ -110,7 +107,7 @@ def main(argv=None) -> int:
         ref = run_worker(1, common + ["--save-init", init],
                          os.path.join(workdir, "reference.json"), workdir, opts.timeout)
     except RuntimeError as exc:
-        print(f"mmp selftest: {exc}", file=sys.stderr)
+        print(f"mmp selftest: error: {exc}", file=sys.stderr)
         return 1
     print(ref["patch_table"])
     print(f"\nreference ({opts.model} model, 1 rank, {ref['device']}): losses "

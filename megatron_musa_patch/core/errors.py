@@ -2,10 +2,14 @@
 
 Each carries one paragraph a user can act on: what is wrong, the culprit (flag, file, patch or
 variable) and the fix. ``render()`` is what the command line and the excepthook print instead of a
-traceback.
+traceback, after argparse's form ``<program>: error:``: the package's name where the layer refuses
+inside a training process, the command (``mmp doctor``, ``mmp data prepare``) where ``mmp`` does.
 """
 
 import textwrap
+
+#: who speaks in an error printed outside a command (a training process, the excepthook)
+PROGRAM = "megatron_musa_patch"
 
 
 class MegatronMusaPatchError(Exception):
@@ -14,10 +18,10 @@ class MegatronMusaPatchError(Exception):
     #: exit status used when this error ends the process
     exit_code = 2
 
-    def render(self) -> str:
+    def render(self, prog: str = PROGRAM) -> str:
         body = " ".join(str(self).split())
         return textwrap.fill(
-            f"megatron_musa_patch: error: {body}", width=100, subsequent_indent="  ",
+            f"{prog}: error: {body}", width=100, subsequent_indent="  ",
             break_on_hyphens=False, break_long_words=False,  # keep paths and flags whole
         )
 

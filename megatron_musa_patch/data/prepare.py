@@ -489,7 +489,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         run(args)
     except KeyboardInterrupt:
-        print("prepare: interrupted; finished pairs are kept and a rerun skips them",
+        print("mmp data prepare: interrupted; finished pairs are kept and a rerun skips them",
               file=sys.stderr)
         return 130
     return 0

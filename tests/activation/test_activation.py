@@ -184,3 +184,19 @@ def test_autoactivate_takes_every_spelling_the_settings_take(value, active):
                                          MEGATRON_MUSA_PATCH_AUTOACTIVATE=value))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == str(active)
+
+
+def test_multiprocessing_helpers_activate_on_their_first_torch_or_megatron_import():
+    """The start-up hook in a spawn child (and the resource tracker, the Manager server) waits
+    for the first import of torch or megatron: one that imports neither stays without torch,
+    one that does is active before its code runs."""
+    proc = run_probe("tests.activation.probes.multiprocessing_helpers",
+                     env=subprocess_env(MEGATRON_MUSA_PATCH="1",
+                                        MEGATRON_MUSA_PATCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "bare torch=False layer=False",
+        "torch active=True cuda=True loader=SourceFileLoader",  # torch's own, not a wrapper
+        "megatron active=True",
+        "parent torch=True",
+    ]

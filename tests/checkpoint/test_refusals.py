@@ -32,7 +32,8 @@ def refused(capsys, argv):
     code = cli.main(argv)
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2, err
-    assert err.startswith("megatron_musa_patch: error: ") and "Traceback" not in err
+    # the command as typed names itself, as argparse does
+    assert err.startswith(f"mmp checkpoint {argv[0]}: error: ") and "Traceback" not in err
     return err
 
 

@@ -49,7 +49,7 @@ def test_cli_prints_one_paragraph_and_exits_2(tmp_path, hf_tokenizer, capsys):
                       "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                       hf_tokenizer, "--workers", 1, "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("megatron_musa_patch: error:") and "Traceback" not in err
+    assert err.startswith("mmp data prepare: error:") and "Traceback" not in err
     assert "in.jsonl:4:malformedJSON" in "".join(err.split())  # (wrapped at any space)
 
 

@@ -1,8 +1,9 @@
 """examples/quickstart.sh in CI mode without a Megatron-LM checkout (what CI has): every data
-step, then training through the megatron-core path on 2 CPU ranks, a checkpoint and a resume
-whose losses must equal the uninterrupted run's. The environment is this interpreter's
-(--python), so nothing is installed. The stock pretrain_gpt.py path runs in
-tests/examples/test_examples.py."""
+step, then training through the megatron-core path on 2 CPU ranks, stopping half-way with a
+checkpoint, and a resume whose losses must equal an uninterrupted run's (here, in both of
+train_core.py's checkpoint formats). The environment is this interpreter's (--python), so nothing
+is installed (the environment step: test_quickstart_environment.py). The stock pretrain_gpt.py
+path runs in tests/examples/test_examples.py."""
 
 import json
 import subprocess
@@ -50,7 +51,8 @@ def ci_run(tmp_path_factory):
 def test_data_steps(ci_run):
     proc, run = ci_run
     assert (run / "corpus" / "pydoc_topics.jsonl").stat().st_size > 100_000
-    assert (run / "corpus" / "stdlib_source.jsonl").stat().st_size > 1_000_000
+    # --max-mb 2 of source text; JSON's escapes make the file larger
+    assert 1_000_000 < (run / "corpus" / "stdlib_source.jsonl").stat().st_size < 3_000_000
     assert (run / "tokenizer" / "tokenizer.json").is_file()
     for name in ("pydoc_topics", "stdlib_source"):
         assert (run / "data" / f"{name}.jsonl_document.bin").stat().st_size > 0
@@ -66,13 +68,46 @@ def test_stock_steps_are_reported_skipped(ci_run):
     assert "megatron-core path" in proc.stdout
 
 
-def test_core_training_learns_and_resumes_exactly(ci_run):
+def train_core(run, data_path, *args):
+    """examples/quickstart/train_core.py under mmp run on 2 CPU ranks, on the quickstart's data."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import _megatron_musa_patch_boot as b; b.cli()", "run",
+         "--standalone", "--nproc-per-node", "2", str(REPO / "examples/quickstart/train_core.py"),
+         "--data-path", data_path, "--tokenizer-model", "tokenizer", "--tp", "2",
+         "--iters", "8", "--cache", "data-cache", *args],
+        cwd=run, env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), capture_output=True,
+        text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ci_run):
+    """8 iterations in one job, saving at 4 in dist_checkpointing's format (and going on), then
+    a second job resumed from that checkpoint."""
+    proc, run = ci_run
+    data_path = next(line.split("=", 1)[1] for line in proc.stdout.splitlines()
+                     if line.startswith("DATA_PATH="))
+    train_core(run, data_path, "--ckpt-format", "torch_dist", "--save", "dist-ckpt", "--save-at", "4",
+               "--losses", "losses-whole.json")
+    resumed = train_core(run, data_path, "--ckpt-format", "torch_dist", "--load", "dist-ckpt",
+                         "--losses", "losses-dist-resumed.json")
+    assert "loaded checkpoint dist-ckpt at iteration 4" in resumed.stdout
+    return (json.loads((run / "losses-whole.json").read_text()),
+            json.loads((run / "losses-dist-resumed.json").read_text()))
+
+
+def test_core_training_stops_half_way_and_resumes_exactly(ci_run, uninterrupted):
     proc, run = ci_run
     first = json.loads((run / "losses-1.json").read_text())
     resumed = json.loads((run / "losses-2.json").read_text())
-    assert sorted(map(int, first)) == list(range(1, 9))
-    assert sorted(map(int, resumed)) == [5, 6, 7, 8]  # the checkpoint is at 8 / 2
-    assert all(abs(first[k] - v) <= 1e-5 for k, v in resumed.items()), (first, resumed)
+    whole, dist_resumed = uninterrupted
+    assert sorted(map(int, first)) == [1, 2, 3, 4]  # --exit-interval 8 / 2
+    assert sorted(map(int, resumed)) == [5, 6, 7, 8]
+    assert sorted(map(int, whole)) == list(range(1, 9))
+    assert {**first, **resumed} == whole  # the torch format, bit for bit
+    assert dist_resumed == {k: whole[k] for k in resumed}  # and torch_dist's
+    assert "saved checkpoint checkpoints at iteration 4 (torch)" in (run / "train-1.log").read_text()
     summary = json.loads((run / "summary.json").read_text())
     losses = {int(k): v for k, v in summary["losses"].items()}
     assert losses[8] < losses[1] - 0.5, losses

@@ -29,10 +29,11 @@ from tools.docs_reference import catalogue_rows  # the one reader of the catalog
 MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
 
 
-def one_paragraph(stderr: str) -> str:
+def one_paragraph(stderr: str, prog: str = "megatron_musa_patch") -> str:
+    """The one error paragraph of ``stderr``, spoken by ``prog`` (an ``mmp`` command: the command
+    as typed, as argparse has it)."""
     assert "Traceback" not in stderr, stderr
-    assert sum(l.startswith("megatron_musa_patch: error:") for l in stderr.splitlines()) == 1, \
-        stderr
+    assert sum(l.startswith(f"{prog}: error:") for l in stderr.splitlines()) == 1, stderr
     return " ".join(stderr.split())
 
 
@@ -127,7 +128,7 @@ def test_unknown_mmp_command(capsys):
     from megatron_musa_patch.cli.main import main
 
     assert main(["frobnicate"]) == 2
-    assert "mmp: unknown command 'frobnicate'" in capsys.readouterr().err
+    assert capsys.readouterr().err.rstrip().endswith("mmp: error: unknown command 'frobnicate'")
 
 
 def test_mmp_run_with_a_missing_script(tmp_path, capsys):
@@ -135,16 +136,18 @@ def test_mmp_run_with_a_missing_script(tmp_path, capsys):
 
     missing = tmp_path / "pretrain_gpt.py"
     assert main(["run", "--nproc-per-node", "2", str(missing), "--train-iters", "1"]) == 2
-    text = one_paragraph(capsys.readouterr().err)
+    text = one_paragraph(capsys.readouterr().err, prog="mmp run")
     assert f"the training script {missing} does not exist" in text and "-m" in text
 
 
 def test_selftest_with_an_unknown_layout(capsys):
     from megatron_musa_patch.cli.selftest import main
 
-    assert main(["--layouts", "tp3"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["--layouts", "tp3"])
+    assert exited.value.code == 2  # a usage error, through argparse
     err = capsys.readouterr().err
-    assert "unknown layouts ['tp3']" in err and "tp2" in err
+    assert "mmp selftest: error: --layouts: unknown layouts ['tp3']" in err and "tp2" in err
 
 
 def test_unknown_distributed_backend(capsys):

@@ -48,7 +48,7 @@ def test_a_torch_newer_than_the_table_is_refused_with_one_paragraph():
     proc = mmp("doctor", torch="2.16.0")
     assert proc.returncode == 2, proc.stderr[-2000:]
     text = " ".join(proc.stderr.split())
-    assert text.startswith("megatron_musa_patch: error: torch 2.16.0 is installed, newer than the "
+    assert text.startswith("mmp doctor: error: torch 2.16.0 is installed, newer than the "
                            "torch releases this layer supports: >=2.11.0,<2.16")
     assert "MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1" in text and "Traceback" not in proc.stderr
 
@@ -57,7 +57,7 @@ def test_a_megatron_core_newer_than_the_table_is_refused_with_one_paragraph():
     proc = mmp("doctor", core="0.20.0")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert " ".join(proc.stderr.split()).startswith(
-        "megatron_musa_patch: error: megatron-core 0.20.0 is installed, but this layer supports "
+        "mmp doctor: error: megatron-core 0.20.0 is installed, but this layer supports "
         ">=0.16.1,<0.20")
 
 
@@ -97,7 +97,7 @@ def test_a_release_nobody_verified_shows_every_record_unverified(simulated, how)
         # 0.16: checkpoint_safety.atomic_tracker)
         assert "Traceback" not in doctor.stderr, doctor.stderr[-2000:]
         if doctor.returncode == 2:
-            assert re.search(r"megatron_musa_patch: error: .*patch", doctor.stderr), doctor.stderr
+            assert re.search(r"mmp doctor: error: .*patch", doctor.stderr), doctor.stderr
             return
         assert doctor.returncode == 1, doctor.stderr[-2000:]
         summary = re.search(r"patches: 0 applied, (\d+) unverified.* (\d+) failed", doctor.stdout)

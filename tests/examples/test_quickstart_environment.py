@@ -1,0 +1,100 @@
+"""The quickstart's environment step (examples/quickstart/environment.sh): pip's package sources
+handed to uv (pip_to_uv.py), the lean install into a new venv, and an existing venv left on its
+releases. uv is a stand-in here that records what it is asked (the real one needs the network);
+the quickstart's own run with the real uv is timed by hand (docs/getting-started.md)."""
+
+import importlib.util
+import os
+import subprocess
+
+from tests.conftest import REPO, subprocess_env
+
+SCRIPT = REPO / "examples" / "quickstart" / "environment.sh"
+_spec = importlib.util.spec_from_file_location("pip_to_uv", SCRIPT.with_name("pip_to_uv.py"))
+pip_to_uv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pip_to_uv)  # an example's script, not a package module
+
+LISTING = """\
+global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'
+global.find-links='/opt/wheels'
+global.index-url='https://mirror.example/simple'
+global.constraint='/etc/xdg/pip/constraints.txt'
+user.find-links='/home/u/wheels'
+:env:.index-url='https://env.example/simple'
+global.cert='/etc/ssl/certs/ca.crt'
+global.trusted-host='mirror.example'
+"""
+
+
+def test_pip_sources_become_uv_options():
+    config = pip_to_uv.read_config(LISTING)
+    # the winning scope: environment over user over global; pip's constraints are not taken
+    assert config["index-url"] == "https://env.example/simple"
+    assert config["find-links"] == "/home/u/wheels"
+    assert pip_to_uv.uv_options(config) == [
+        "--index-strategy", "unsafe-best-match",
+        "--index-url", "https://env.example/simple",
+        "--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple",
+        "--find-links", "/home/u/wheels",
+        "--allow-insecure-host", "mirror.example",
+        "env SSL_CERT_FILE=/etc/ssl/certs/ca.crt",
+    ]
+    assert pip_to_uv.uv_options({}) == ["--index-strategy", "unsafe-best-match"]
+    assert "--no-index" in pip_to_uv.uv_options({"no-index": "true"})
+
+
+def fake_tools(tmp_path, has_packages: bool):
+    """A uv that logs its arguments and makes a venv whose python answers the package check."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "uv.log"
+    python = "#!/bin/sh\nexit {}\n".format(0 if has_packages else 1)
+    (bin_dir / "uv").write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+if [ "$1" = venv ]; then
+  for last; do :; done
+  mkdir -p "$last/bin" && printf '{python}' > "$last/bin/python" && chmod +x "$last/bin/python"
+fi
+""")
+    (bin_dir / "uv").chmod(0o755)
+    return bin_dir, log
+
+
+def environment(tmp_path, bin_dir, venv):
+    env = subprocess_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                         PIP_CONFIG_FILE=os.devnull,  # this machine's pip.conf left out
+                         PIP_FIND_LINKS="/w", PIP_EXTRA_INDEX_URL="file:///x/simple",
+                         MMP_CACHE_DIR=str(tmp_path / "cache"), TORCH_VERSION=None)
+    env.pop("TORCH_VERSION", None)
+    return subprocess.run(["bash", str(SCRIPT), str(venv)], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_new_venv_gets_the_lean_set_from_pips_sources(tmp_path):
+    bin_dir, log = fake_tools(tmp_path, has_packages=False)
+    venv = tmp_path / "venv"
+    proc = environment(tmp_path, bin_dir, venv)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    make, install = log.read_text().splitlines()
+    sources = ("--index-strategy unsafe-best-match --extra-index-url file:///x/simple "
+               "--find-links /w")
+    assert make.startswith("venv --quiet --seed --python /") and make.endswith(
+        f"{sources} {venv}")
+    assert install == (f"pip install --quiet --python {venv}/bin/python {sources} --constraint "
+                       f"{REPO}/scripts/constraints.txt torch==2.13.0 {REPO}[training,data]")
+    assert not (tmp_path / "cache").exists()  # the uv on PATH: none installed
+
+
+def test_an_equipped_venv_only_gets_this_checkouts_package(tmp_path):
+    bin_dir, log = fake_tools(tmp_path, has_packages=True)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (venv / "bin" / "python").chmod(0o755)
+    proc = environment(tmp_path, bin_dir, venv)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reinstalling only this checkout's package" in proc.stdout
+    (install,) = log.read_text().splitlines()
+    assert install.startswith(f"pip install --quiet --python {venv}/bin/python ")
+    assert install.endswith(f"--no-deps --reinstall-package megatron-musa-patch {REPO}")
+    assert "torch==" not in install and "--constraint" not in install
