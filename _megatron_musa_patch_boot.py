@@ -80,12 +80,13 @@ def _multiprocessing_helper() -> bool:
 class _ActivateOnFirstImport:
     """Activates the layer when the process first imports torch or megatron, not at start-up.
 
-    multiprocessing's helpers inherit MEGATRON_MUSA_PATCH. Most never import either (the resource
-    tracker; the Manager server that dist_checkpointing's writer starts on every rank), and
-    activating there imports torch for nothing: 4 s of CPU each, on a 2-core machine while the
-    ranks wait. One that runs Megatron or torch code activates before that code runs, as its
-    parent did: before megatron's package is found, right after torch has run (activation
-    imports torch itself)."""
+    multiprocessing's helpers inherit MEGATRON_MUSA_PATCH. Some never import either (the resource
+    tracker that a process using multiprocessing's locks or shared memory starts); some only
+    later (the Manager server that dist_checkpointing's writer spawns on every rank imports torch
+    when the first result reaches it, not while its rank waits for it to start). Activating at
+    start-up costs each about 4 s of CPU (2 cores here). One that runs Megatron or torch code
+    activates before that code runs, as its parent did: before megatron's package is found, right
+    after torch's has run (activation imports torch itself)."""
 
     def __init__(self):
         self.done = False

@@ -221,7 +221,7 @@ else
   echo
   echo "SKIPPED: the stock pretrain_gpt.py steps ($WHY)."
   echo "Training on the same data through the megatron-core path instead: megatron-core's own"
-  echo "GPTDataset, GPT model, optimizer and dist_checkpointing (examples/quickstart/train_core.py),"
+  echo "GPTDataset, GPT model and optimizer (examples/quickstart/train_core.py),"
   echo "not the stock script."
   # the checkpoint in Megatron-LM's torch format, as the stock steps above: dist_checkpointing's
   # writer starts a multiprocessing Manager on each rank at the first save (7 s here)

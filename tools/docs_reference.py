@@ -95,7 +95,11 @@ def cli_page() -> str:
     lines = ["# The `mmp` command", "",
              "Every command, its options and its exit status, from the parsers themselves. "
              "`mmp --help` prints the summary below; `mmp` with no command prints it as a usage "
-             "error (exit status 2); `mmp --version` prints the release.", "",
+             "error (exit status 2); `mmp --version` prints the release. A command refuses "
+             "bad input with one paragraph in argparse's form, the command as typed first: "
+             "`mmp: error: unknown command 'x'`, `mmp doctor: error: ...`, "
+             "`mmp data prepare: error: ...` (the layer's own refusals included; "
+             "[the catalogue](../bad_inputs.md)).", "",
              "```", USAGE.strip("\n"), "```", ""]
     for name, parser in parsers().items():
         if name == "run":

@@ -98,3 +98,36 @@ def test_an_equipped_venv_only_gets_this_checkouts_package(tmp_path):
     assert install.startswith(f"pip install --quiet --python {venv}/bin/python ")
     assert install.endswith(f"--no-deps --reinstall-package megatron-musa-patch {REPO}")
     assert "torch==" not in install and "--constraint" not in install
+
+
+def test_without_uv_it_falls_back_to_venv_and_pip(tmp_path):
+    """No uv on PATH and pip cannot install one (no index for it): python -m venv and pip
+    install the same lean set, under the project's constraints."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "python.log"
+    bin_dir.mkdir()
+    # a Python that logs its arguments; -m venv makes a venv of the same kind; the pip install of
+    # uv fails, the package check fails (a new venv has nothing), everything else succeeds
+    (bin_dir / "python3").write_text(f"""#!/bin/sh
+echo "$0 $@ PIP_CONSTRAINT=$PIP_CONSTRAINT" >> {log}
+case "$*" in
+  *sys.executable*) echo "$0" ;;
+  *"--target"*) exit 1 ;;
+  *find_spec*) exit 1 ;;
+  "-m venv "*) mkdir -p "$3/bin" && cp "$0" "$3/bin/python" ;;
+esac
+""")
+    (bin_dir / "python3").chmod(0o755)
+    venv = tmp_path / "venv"
+    env = subprocess_env(PATH=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin",
+                         MMP_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TORCH_VERSION", None)
+    proc = subprocess.run(["bash", str(SCRIPT), str(venv)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "uv 0.13.9 could not be installed (above): python -m venv and pip instead" in \
+        proc.stdout
+    calls = log.read_text().splitlines()
+    assert any(" -m venv " in c for c in calls)
+    assert calls[-1] == (f"{venv}/bin/python -m pip install --quiet torch==2.13.0 "
+                         f"{REPO}[training,data] PIP_CONSTRAINT={REPO}/scripts/constraints.txt")
+    assert not (tmp_path / "cache" / "uv-0.13.9").exists()  # nothing half-installed is kept
