@@ -275,10 +275,11 @@ def main(argv=None):
                   f" {elapsed * 1000:.1f} |{fields} global batch size: {opts.global_batch:5d} |"
                   f" lm loss: {loss:.6E} | grad norm: {grad_norm:.3f} |", flush=True)
         if opts.save and iteration == opts.save_at:
+            begin = time.perf_counter()
             save(opts, model, optimizer, iteration, rank)
             if rank == 0:
                 print(f"saved checkpoint {opts.save} at iteration {iteration} "
-                      f"({opts.ckpt_format})", flush=True)
+                      f"({opts.ckpt_format}, {time.perf_counter() - begin:.1f} s)", flush=True)
         if iteration == opts.exit_interval:
             break
 

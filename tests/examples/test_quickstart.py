@@ -107,7 +107,7 @@ def test_core_training_stops_half_way_and_resumes_exactly(ci_run, uninterrupted)
     assert sorted(map(int, whole)) == list(range(1, 9))
     assert {**first, **resumed} == whole  # the torch format, bit for bit
     assert dist_resumed == {k: whole[k] for k in resumed}  # and torch_dist's
-    assert "saved checkpoint checkpoints at iteration 4 (torch)" in (run / "train-1.log").read_text()
+    assert "saved checkpoint checkpoints at iteration 4 (torch, " in (run / "train-1.log").read_text()
     summary = json.loads((run / "summary.json").read_text())
     losses = {int(k): v for k, v in summary["losses"].items()}
     assert losses[8] < losses[1] - 0.5, losses
