@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import DataError
-from .tokenizer import PROBES, HFParams, canonical_table, configure_backend, hf_encoder
+from .tokenizer import (PROBES, HFParams, canonical_table, configure_backend, fingerprint,
+                        hf_encoder)
 
 FORMAT = 1
 CACHE_ENV = "MMP_CACHE_DIR"
@@ -137,10 +138,9 @@ def spec_from_record(path: str, record: dict) -> LightSpec:
 def checked_ids(args) -> Optional[dict]:
     """``{"eod": ..., "vocab_size": ..., "record": key}`` of these tokenizer flags, as
     megatron-core's builder gives them, from the check record ``mmp data prepare`` stored (under
-    ``key``); None without a record that says yes. For a training script that needs only those two (megatron-core's ``GPTDataset``):
-    it imports neither megatron-core's tokenizers nor transformers (3-5 s a rank on 2 cores)."""
-    from .tokenizer import fingerprint
-
+    ``key``); None without a record that says yes. For a training script that needs only those
+    two (megatron-core's ``GPTDataset``): it imports neither megatron-core's tokenizers nor
+    transformers (3-5 s a rank on 2 cores)."""
     if tokenizer_json(args) is None:
         return None
     key = record_key(fingerprint(args))
