@@ -51,7 +51,7 @@ def test_a_hung_process_ends_itself_with_a_report_the_launcher_reads(tmp_path):
     report = found[3]
     assert report.fired and report.pid > 0 and report.timeout == 1.5
     assert report.where == "training step of iteration 2"
-    assert "waits_forever" in report.innermost() and not report.in_collective()
+    assert "waits_forever" in report.innermost() and not report.was_waiting()
     assert report.main_stack_text().startswith(
         "mmp run: rank 3's main thread when its hang watchdog fired (innermost first):\n  File")
 
@@ -80,6 +80,13 @@ PYTHON_LOOP = ("Timeout (0:01:00)!\nThread 0x2 (most recent call first):\n"
                '  File "/x/data.py", line 7 in spin\n'
                '  File "/x/pretrain_gpt.py", line 1 in <module>\n')
 
+WATCHDOG = os.sep.join(["", "site-packages", "megatron_musa_patch", "lib", "elastic", "watchdog.py"])
+CANCELLING = ("Timeout (0:01:00)!\nThread 0x4 (most recent call first):\n"
+              f'  File "{WATCHDOG}", line 85 in cancel\n'
+              f'  File "{WATCHDOG}", line 97 in section\n'
+              '  File "/x/contextlib.py", line 158 in __exit__\n'
+              '  File "/x/megatron/training/training.py", line 9 in train_step\n')
+
 
 def test_diagnosis_tells_frozen_hung_and_waiting_ranks_apart():
     sigterm = -signal.SIGTERM
@@ -98,6 +105,11 @@ def test_diagnosis_tells_frozen_hung_and_waiting_ranks_apart():
                            '"/x/data.py", line 7 in spin')
     assert "frozen" not in hung and hung.endswith("rank 0 waited for it in a collective for 60 s "
                                                   "and ended itself.")
+    # rank 0's collective failed as rank 1 ended, at rank 0's own deadline: its dump caught it
+    # cancelling that deadline (seen in CI), which is not a hang of its own
+    leaving = reports.diagnosis({0: _report(0, stacks=CANCELLING), 1: _report(1, stacks=PYTHON_LOOP)},
+                                {0: 1, 1: 1})
+    assert leaving == hung
     # no watchdog fired: the exit statuses tell (a rank killed, or failing on its own)
     assert reports.diagnosis({0: _report(0), 1: _report(1)}, {1: -9, 0: sigterm}) is None
 

@@ -5,7 +5,9 @@ follow its stacks, written when that deadline passed. Three kinds of rank come o
 
 * **hung**: its deadline passed while its main thread was outside ``torch.distributed`` (a
   Python loop, I/O, a wait of its own): this rank stopped the job;
-* **waiting**: its deadline passed inside a collective: it was waiting for another rank;
+* **waiting**: its deadline passed inside a collective: it was waiting for another rank. So did
+  a rank whose main thread was in the watchdog itself: the collective it waited in had just
+  failed (its peer ended at the same deadline), and it was cancelling its own;
 * **frozen**: it had armed a deadline and neither reported nor exited when its peers did: it
   could not run its watchdog (SIGSTOP, a debugger, stuck where Python cannot run).
 """
@@ -18,10 +20,13 @@ import re
 import signal
 from typing import Dict, List, Optional
 
+from . import watchdog
 from .watchdog import HEADER
 
 _HEADER = re.compile(r"mmp-watchdog rank=(\d+) pid=(\d+) timeout=(\S+) where=(.*)")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+#: how the watchdog's own module ends in a frame's path, wherever the package is installed
+_WATCHDOG_PATH = watchdog.__name__.replace(".", os.sep) + ".py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,15 @@ class RankReport:
     def in_collective(self) -> bool:
         return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in frame
                    for frame in self.main_stack()[:8])
+
+    def in_watchdog(self) -> bool:
+        frames = self.main_stack()
+        match = _FRAME.match(frames[0]) if frames else None
+        return bool(match) and match.group(1).endswith(_WATCHDOG_PATH)
+
+    def was_waiting(self) -> bool:
+        """Its deadline passed while it waited for another rank (the module's docstring)."""
+        return self.in_collective() or self.in_watchdog()
 
     def innermost(self) -> str:
         frames = self.main_stack()
@@ -101,8 +115,8 @@ def diagnosis(reports: Dict[int, RankReport], exit_codes: Dict[int, int]) -> Opt
     fired = [r for r in reports.values() if r.fired]
     if not fired:
         return None
-    hung = [r for r in fired if not r.in_collective()]
-    waiting = [r for r in fired if r.in_collective()]
+    hung = [r for r in fired if not r.was_waiting()]
+    waiting = [r for r in fired if r.was_waiting()]
     # still running when its peers gave up, until the agent stopped it
     frozen = [r for r in reports.values() if not r.fired
               and exit_codes.get(r.rank, -signal.SIGTERM) == -signal.SIGTERM]
