@@ -7,7 +7,7 @@ generated here (nothing is downloaded), in two safetensors shards. Each figure i
 ``--repeat`` runs, interleaved; the copy is ``shutil.copyfile`` of the shards (what "copying its
 safetensors" costs on this disk, page cache warm as for the conversion), copy+fsync the same
 flushed to the disk as a checkpoint save is. The goal (issue "Hugging Face checkpoints"): import
-within 2x the copy. Ratios are against the plain copy. ``--slope-layers N`` also converts the
+within 2x the copy. Ratios are against both copies. ``--slope-layers N`` also converts the
 same shape with N layers, interleaved, and prints what each added GiB costs (the difference of
 the two medians over the difference of the sizes): the conversion's rate beside the copy's,
 without the start-up both sizes pay alike (Python, torch, megatron-core, Megatron's
@@ -109,7 +109,9 @@ def main(argv=None) -> int:
     if not os.environ.get("MEGATRON_LM_PATH"):
         parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
     root = Path(tempfile.mkdtemp(prefix="mmp-bench-ckpt-", dir=opts.workdir))
-    mmp = [sys.executable, "-m", "megatron_musa_patch.cli.main"]
+    # what the `mmp` script runs (python -m megatron_musa_patch.cli.main would also activate the
+    # layer in the command's own process: torch and megatron-core imported for nothing)
+    mmp = [sys.executable, "-c", "from _megatron_musa_patch_boot import cli; cli()"]
     try:
         sizes = [opts.layers] + ([opts.slope_layers] if opts.slope_layers else [])
         models, nbytes = {}, {}
@@ -158,13 +160,14 @@ def main(argv=None) -> int:
         print(f"\n{describe()}")
         print(f"median of {opts.repeat}")
         for layers in sizes:
-            base = median[layers, "copy"]
+            base, durable = median[layers, "copy"], median[layers, "copy+fsync"]
             print(f"model: {layers} layers, {nbytes[layers] / 2**30:.2f} GiB of bf16 "
                   f"safetensors")
             for name in names:
                 values, value = runs[layers, name], median[layers, name]
-                print(f"  {name:10} {value:7.1f} s  ({value / base:5.2f}x the copy; "
-                      f"min {min(values):.1f}, max {max(values):.1f})")
+                print(f"  {name:10} {value:7.1f} s  ({value / base:5.2f}x the copy, "
+                      f"{value / durable:5.2f}x with fsync; min {min(values):.1f}, "
+                      f"max {max(values):.1f})")
         if opts.slope_layers:
             big, small = opts.layers, opts.slope_layers
             gib = (nbytes[big] - nbytes[small]) / 2**30
@@ -172,7 +175,7 @@ def main(argv=None) -> int:
             print(f"each added GiB ({small} -> {big} layers), start-up aside:")
             for name in names:
                 print(f"  {name:10} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
-                      f"copy)")
+                      f"copy, {per[name] / per['copy+fsync']:5.2f}x with fsync)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -69,8 +69,9 @@ class HFCheckpoint:
         from safetensors import safe_open
 
         where = {}
-        for name in files:
-            with safe_open(self.path / name, framework="pt") as handle:
+        for name in files:  # the names only: numpy's view of the file, not torch's (mmp
+            # checkpoint's own process plans without importing torch; its worker imports it)
+            with safe_open(self.path / name, framework="numpy") as handle:
                 for key in handle.keys():
                     where[key] = name
         return where

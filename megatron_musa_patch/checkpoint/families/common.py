@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List
 
-import torch
-
 from ..errors import ConversionError
 
 #: config fields that describe how a checkpoint was saved or is run, not the network
@@ -88,6 +86,8 @@ def number(value) -> str:
 
 
 # ----------------------------------------------------------------------------- layouts
+# torch is imported where a layout is computed (in the worker), not with the module: mmp
+# checkpoint's own process reads configs and plans without it
 
 
 def qkv_to_megatron(q, k, v, heads: int, groups: int, head_dim: int):
@@ -98,6 +98,8 @@ def qkv_to_megatron(q, k, v, heads: int, groups: int, head_dim: int):
     q = q.reshape(groups, per_group * head_dim, *rest)
     k = k.reshape(groups, head_dim, *rest)
     v = v.reshape(groups, head_dim, *rest)
+    import torch
+
     return torch.cat([q, k, v], dim=1).reshape(groups * (per_group + 2) * head_dim, *rest)
 
 
@@ -105,7 +107,7 @@ def qkv_from_megatron(qkv, heads: int, groups: int, head_dim: int):
     per_group = heads // groups
     rest = qkv.shape[1:]
     grouped = qkv.reshape(groups, (per_group + 2) * head_dim, *rest)
-    q, k, v = torch.split(grouped, [per_group * head_dim, head_dim, head_dim], dim=1)
+    q, k, v = grouped.split([per_group * head_dim, head_dim, head_dim], dim=1)
     return (q.reshape(heads * head_dim, *rest), k.reshape(groups * head_dim, *rest),
             v.reshape(groups * head_dim, *rest))
 
@@ -113,11 +115,13 @@ def qkv_from_megatron(qkv, heads: int, groups: int, head_dim: int):
 def gated_to_megatron(gate, up):
     """Megatron's gated MLP input projection: [gate; up] (its swiglu applies silu to the first
     half)."""
+    import torch
+
     return torch.cat([gate, up], dim=0)
 
 
 def gated_from_megatron(fc1):
-    gate, up = torch.chunk(fc1, 2, dim=0)
+    gate, up = fc1.chunk(2, dim=0)
     return gate, up
 
 
