@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from . import saved_args
 from .errors import ConversionError
 from .hf import config_dtype
 
@@ -311,13 +312,13 @@ def _export_vocabulary(padded: int, tp: int) -> List[str]:
 
 
 def checkpoint_args(load: Path):
-    """The args stock pretrain_gpt.py stored in the checkpoint (either format)."""
-    import torch
-
+    """The args stock pretrain_gpt.py stored in the checkpoint (either format): their plain
+    values read from the pickle alone where it is a file of its own (``saved_args``), else
+    through torch.load or megatron-core."""
     directory = _iteration_dir(load)
     common = directory / "common.pt"
     if common.is_file():  # torch_dist up to 0.18
-        return torch.load(common, map_location="cpu", weights_only=False)["args"]
+        return _args_of(common)
     if (directory / DIST_METADATA).is_file():  # torch_dist from 0.19: inside the checkpoint
         from megatron.core.dist_checkpointing import load_common_state_dict
 
@@ -327,7 +328,16 @@ def checkpoint_args(load: Path):
         raise ConversionError(
             f"--load {load}: {directory} holds neither a torch_dist ({DIST_METADATA}) nor a "
             f"torch (mp_rank_*/model_optim_rng.pt) checkpoint.")
-    return torch.load(files[0], map_location="cpu", weights_only=False)["args"]
+    return _args_of(files[0])
+
+
+def _args_of(path: Path):
+    args = saved_args.read(path)
+    if args is not None:
+        return args
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)["args"]
 
 
 def _iteration_dir(load: Path) -> Path:
