@@ -440,9 +440,11 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
                f"--nproc-per-node={ranks}", "--no-python", sys.executable, *worker]
         env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
     env.pop("MEGATRON_MUSA_PATCH_AUTOACTIVATE", None)
-    # the row conversions run on unless the caller chose one: the CPU row's name, written here
-    # because importing the device table (device/rows.py) would import torch into this process
-    env.setdefault("MEGATRON_MUSA_PATCH_DEVICE", "cpu")
+    # the row conversions run on unless the caller chose one (by name: the table would import
+    # torch into this process)
+    from ..device import names
+
+    env.setdefault("MEGATRON_MUSA_PATCH_DEVICE", names.CPU)
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"mmp checkpoint: error: the {mode} step on {ranks} rank(s) failed (exit "

@@ -6,6 +6,7 @@ import importlib
 
 import torch
 
+from . import names
 from .base import DeviceMapping
 
 
@@ -25,7 +26,7 @@ def _cuda_module():
 
 
 MUSA = DeviceMapping(
-    name="musa",
+    name=names.MUSA,
     torch_type="musa",
     backend="mccl",
     load_module=_torch_musa_module,
@@ -35,7 +36,7 @@ MUSA = DeviceMapping(
 )
 
 CPU = DeviceMapping(
-    name="cpu",
+    name=names.CPU,
     torch_type="cpu",
     backend="gloo",
     load_module=_cpu_module,
@@ -48,7 +49,7 @@ CPU = DeviceMapping(
 )
 
 CUDA = DeviceMapping(
-    name="cuda",
+    name=names.CUDA,
     torch_type="cuda",
     backend="nccl",
     load_module=_cuda_module,
