@@ -258,7 +258,6 @@ def main(argv=None) -> int:
         load_checkpoint(model, None, None, strict=True)
     if opts.mode == "dump":
         dump(plan, model)
-        _exit_without_a_full_collection()
         return 0
     # saved in the format asked for, which may not be the one loaded (as upstream's
     # --ckpt-convert-format does it)
@@ -270,18 +269,7 @@ def main(argv=None) -> int:
 
     if dist.is_initialized():
         dist.barrier()
-    _exit_without_a_full_collection()
     return 0
-
-
-def _exit_without_a_full_collection() -> None:
-    """The interpreter's shutdown collects garbage over every object torch and megatron-core
-    made (about a second of a 1B import on 2 cores); frozen, they are left to the process's
-    end. Only cycles go uncollected, and nothing is pending in them: the checkpoint's and the
-    export's files are written, synced and closed before this."""
-    import gc
-
-    gc.freeze()
 
 
 def run() -> None:
@@ -293,10 +281,18 @@ def run() -> None:
     from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
     try:
-        sys.exit(main())
+        code = main()
     except MegatronMusaPatchError as exc:  # a refusal found while filling: one paragraph
         print(exc.render(prog="mmp checkpoint"), file=sys.stderr)
         sys.exit(exc.exit_code)
+    # the interpreter's shutdown would collect garbage over every object torch and megatron-core
+    # made (about a second of a 1B import on 2 cores); frozen, they are left to the process's
+    # end, as the mmp script does. Only cycles go uncollected, and nothing is pending in them:
+    # the checkpoint's and the export's files are written, synced and closed by now
+    import gc
+
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
