@@ -5,6 +5,7 @@ the quickstart's own run with the real uv is timed by hand (docs/getting-started
 
 import importlib.util
 import os
+import shutil
 import subprocess
 
 from tests.conftest import REPO, subprocess_env
@@ -60,14 +61,33 @@ fi
     return bin_dir, log
 
 
+# the script's own inputs: CI's 3.12 leg sets PYTHON (a real interpreter, which would install a
+# real uv) and TORCH_VERSION; each test names the ones it means
+SCRIPT_INPUTS = ("PYTHON", "TORCH_VERSION", "UV_VERSION", "MMP_CACHE_DIR", "XDG_CACHE_HOME")
+
+
+def run_script(venv, **overrides):
+    env = {k: v for k, v in subprocess_env().items() if k not in SCRIPT_INPUTS}
+    env.update(overrides)
+    return subprocess.run([shutil.which("bash"), str(SCRIPT), str(venv)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 def environment(tmp_path, bin_dir, venv):
-    env = subprocess_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                         PIP_CONFIG_FILE=os.devnull,  # this machine's pip.conf left out
-                         PIP_FIND_LINKS="/w", PIP_EXTRA_INDEX_URL="file:///x/simple",
-                         MMP_CACHE_DIR=str(tmp_path / "cache"), TORCH_VERSION=None)
-    env.pop("TORCH_VERSION", None)
-    return subprocess.run(["bash", str(SCRIPT), str(venv)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return run_script(venv, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                      PIP_CONFIG_FILE=os.devnull,  # this machine's pip.conf left out
+                      PIP_FIND_LINKS="/w", PIP_EXTRA_INDEX_URL="file:///x/simple",
+                      MMP_CACHE_DIR=str(tmp_path / "cache"))
+
+
+def tools_without_uv(tmp_path):
+    """A PATH folder with just the commands the script and the stand-in Python run: a machine's
+    own uv (CI images may have one in /usr/bin) stays out of reach."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("dirname", "mkdir", "cp", "rm", "mv"):
+        (tools / name).symlink_to(shutil.which(name))
+    return tools
 
 
 def test_a_new_venv_gets_the_lean_set_from_pips_sources(tmp_path):
@@ -118,11 +138,8 @@ esac
 """)
     (bin_dir / "python3").chmod(0o755)
     venv = tmp_path / "venv"
-    env = subprocess_env(PATH=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin",
-                         MMP_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("TORCH_VERSION", None)
-    proc = subprocess.run(["bash", str(SCRIPT), str(venv)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_script(venv, PATH=f"{bin_dir}{os.pathsep}{tools_without_uv(tmp_path)}",
+                      MMP_CACHE_DIR=str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "uv 0.13.9 could not be installed (above): python -m venv and pip instead" in \
         proc.stdout
