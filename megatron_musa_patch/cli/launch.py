@@ -102,7 +102,7 @@ def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp r
         reports.clear(report_dir)
 
     try:
-        with driven(on_restart, elastic):
+        with driven(on_restart, elastic, lambda pid: reports.mark_frozen(report_dir, pid)):
             yield
     except elastic.child_failed as exc:
         stop_leftovers(failure.pid for failure in exc.failures.values())
@@ -246,7 +246,7 @@ def failure_report(failures: Dict[int, object], script_args: List[str],
     restart resumes; ``restart=(k, n)`` before the k-th of n restarts (by ``restarter``),
     ``max_restarts`` when the job ends with none left."""
     stacks = [r.main_stack_text(launcher) for _, r in sorted((watchdog or {}).items())
-              if r.fired]
+              if r.shows_where_it_stopped()]
     found = reports.diagnosis(watchdog or {},
                               {rank: failure.exitcode for rank, failure in failures.items()})
     if found is not None:

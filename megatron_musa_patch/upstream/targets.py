@@ -45,6 +45,11 @@ TARGETS: Dict[str, Tuple[Location, ...]] = {
         Location(">=0.19", "megatron.core.msc_utils:MaybeMultiStorageClient.__getattr__",
                  "maybe_msc"),
     ),
+    # a module whose body calls torch.compile (InferenceTopKRouter's routing, from 0.17), which
+    # imports torch._dynamo and inductor with it: reached from `import megatron.core`
+    "compile_at_import": (
+        Location(">=0.17", "megatron.core.transformer.moe.router:*"),
+    ),
     # the triton kernels of the MoE paged stash, imported by megatron.core itself from 0.18
     "paged_stash_kernels": (
         Location(">=0.18,<0.19", "megatron.core.transformer.moe.paged_stash:*"),
@@ -81,6 +86,8 @@ GONE: Dict[str, str] = {
     "legacy_fused_kernels_load": "megatron.legacy.fused_kernels was removed in 0.17",
     "batch_invariant_kernels": "upstream guards this triton import from 0.17",
     "paged_stash_kernels": "megatron.core imports the paged stash's triton kernels from 0.18",
+    "compile_at_import": "up to 0.16 no module of megatron.core calls torch.compile as it is "
+                         "imported",
 }
 
 

@@ -9,12 +9,14 @@ clear error when launched, and ``import triton`` elsewhere still fails as it sho
 
 from __future__ import annotations
 
-import importlib.machinery
+import contextlib
 import sys
 import types
 from typing import Callable
 
 from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+
+from .module_source import execute_real_source
 
 
 class _Kernel:
@@ -67,17 +69,16 @@ def _stubs(why: str):
 def execute_without_triton(module: types.ModuleType, why: str) -> None:
     """Run the real source of ``module`` (a module object being created under its name) with
     triton stand-ins; ``why`` names the upstream feature that would launch the kernels."""
-    name = module.__name__
-    parent = sys.modules[name.rpartition(".")[0]]
-    spec = importlib.machinery.PathFinder.find_spec(name, parent.__path__)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{name} is not installed here")
-    stubs = _stubs(why)
+    execute_real_source(module, _visible(_stubs(why)))
+
+
+@contextlib.contextmanager
+def _visible(stubs: dict):
+    """The stand-ins in ``sys.modules`` while the module's source runs, then what was there."""
     saved = {key: sys.modules.get(key) for key in stubs}
     sys.modules.update(stubs)
     try:
-        module.__file__ = spec.origin
-        exec(spec.loader.get_code(name), module.__dict__)  # noqa: S102 - upstream's own source
+        yield
     finally:
         for key, value in saved.items():
             if value is None:

@@ -3,11 +3,13 @@ hung process with a report the launcher reads, what the launcher says from the r
 restarted group's store prefix (features/restart_store.py). The whole path through torchrun and
 pretrain_gpt.py: tests/training/test_restarts.py."""
 
+import dataclasses
 import os
 import signal
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +58,30 @@ def test_a_hung_process_ends_itself_with_a_report_the_launcher_reads(tmp_path):
         "mmp run: rank 3's main thread when its hang watchdog fired (innermost first):\n  File")
 
 
+def test_the_agents_stop_signal_writes_where_a_hung_process_was(tmp_path):
+    """Its peers' deadlines passed first: the agent's SIGTERM ends it before its own watchdog
+    fires, and the report holds its stacks from that signal (not marked as fired)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", SECTION, str(tmp_path), "60", "hang"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    report = tmp_path / "rank3.txt"
+    deadline = time.monotonic() + 60
+    while not (report.is_file() and "iteration 2" in report.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside waits_forever
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    found = reports.read(str(tmp_path))[3]
+    assert not found.fired and not found.frozen and found.ended_outside_a_collective()
+    assert "waits_forever" in found.innermost(), found.stacks
+    assert found.main_stack_text().startswith(
+        "mmp run: rank 3's main thread when it was stopped (innermost first):\n  File")
+
+
 def test_a_process_that_keeps_its_deadlines_is_not_ended(tmp_path):
     proc = run_probe(SECTION, tmp_path, "1.5", "keep", env=dict(os.environ), timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -66,7 +92,8 @@ def test_a_process_that_keeps_its_deadlines_is_not_ended(tmp_path):
 
 
 def _report(rank, where="training step of iteration 6", stacks=""):
-    return reports.RankReport(rank, 100 + rank, 60.0, where, stacks)
+    return reports.RankReport(rank, 100 + rank, 60.0, where, stacks,
+                              fired=stacks.startswith("Timeout ("))
 
 
 COLLECTIVE = (f"Timeout (0:01:00)!\nThread 0x1 (most recent call first):\n"
@@ -80,6 +107,7 @@ PYTHON_LOOP = ("Timeout (0:01:00)!\nThread 0x2 (most recent call first):\n"
                '  File "/x/data.py", line 7 in spin\n'
                '  File "/x/pretrain_gpt.py", line 1 in <module>\n')
 
+STOPPED_IN_LOOP = PYTHON_LOOP.split("\n", 1)[1].replace("Thread 0x3", "Current thread 0x3")
 WATCHDOG = os.sep.join(["", "site-packages", "megatron_musa_patch", "lib", "elastic", "watchdog.py"])
 CANCELLING = ("Timeout (0:01:00)!\nThread 0x4 (most recent call first):\n"
               f'  File "{WATCHDOG}", line 85 in cancel\n'
@@ -110,6 +138,28 @@ def test_diagnosis_tells_frozen_hung_and_waiting_ranks_apart():
     leaving = reports.diagnosis({0: _report(0, stacks=CANCELLING), 1: _report(1, stacks=PYTHON_LOOP)},
                                 {0: 1, 1: 1})
     assert leaving == hung
+    # rank 0's deadline passed a moment before rank 1's: the agent's SIGTERM found rank 1 in
+    # its Python loop (seen in CI); it is named with its place, not called frozen
+    late = reports.diagnosis({0: _report(0, stacks=COLLECTIVE),
+                              1: _report(1, stacks=STOPPED_IN_LOOP)}, {0: 1, 1: sigterm})
+    assert late == ("rank 1 (pid 101) made no progress in the training step of iteration 6 and "
+                    "was stopped when its peers' watchdogs had given up waiting for it, before "
+                    'its own deadline passed; it was at File "/x/data.py", line 7 in spin (its '
+                    "stack is printed above); rank 0 waited for it in a collective for 60 s and "
+                    "ended itself.")
+    # the agent found rank 1 stopped as a whole (SIGSTOP): continued to take the stop signal,
+    # it wrote stacks too, but it was frozen
+    marked = reports.RankReport(1, 101, 60.0, "training step of iteration 6", STOPPED_IN_LOOP,
+                                frozen=True)
+    assert reports.diagnosis({0: _report(0, stacks=COLLECTIVE), 1: marked},
+                             {0: 1, 1: sigterm}) == frozen
+    # ... or its watchdog, whose deadline had long passed, fired first once continued (seen on
+    # 2 busy cores): still frozen, whatever its exit status
+    resumed = dataclasses.replace(marked, stacks=PYTHON_LOOP, fired=True)
+    assert reports.diagnosis({0: _report(0, stacks=COLLECTIVE), 1: resumed}, {0: 1, 1: 1}) == \
+        frozen
+    assert not resumed.shows_where_it_stopped() and _report(1, stacks=PYTHON_LOOP) \
+        .shows_where_it_stopped()
     # no watchdog fired: the exit statuses tell (a rank killed, or failing on its own)
     assert reports.diagnosis({0: _report(0), 1: _report(1)}, {1: -9, 0: sigterm}) is None
 
@@ -156,7 +206,7 @@ def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
     """SubprocessHandler.close under mmp run: SIGTERM, then SIGCONT for a stopped rank."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch.lib.elastic.agent import driven
+    from megatron_musa_patch.lib.elastic.agent import driven, stopped_as_a_whole
 
     import inspect
 
@@ -166,9 +216,16 @@ def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
         entrypoint=sys.executable, args=("-c", "import time; time.sleep(60)"),
         env=dict(os.environ), stdout=None, stderr=None, local_rank_id=0, **extra)
     os.kill(handler.proc.pid, signal.SIGSTOP)
-    with driven(lambda *a: None):
+    deadline = time.monotonic() + 10
+    while not stopped_as_a_whole(handler.proc.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    heard = []
+    with driven(lambda *a: None, on_frozen=heard.append):
         handler.close(signal.SIGTERM)
     assert handler.proc.wait(timeout=10) == -signal.SIGTERM
+    assert heard == [handler.proc.pid]  # what mmp run marks in the report directory
+    assert not stopped_as_a_whole(os.getpid())
 
 
 @pytest.mark.parametrize("flag", ["--hang-timeout", "--hang-timeout-first"])
@@ -199,6 +256,8 @@ def test_header_format_is_what_the_reader_parses(tmp_path):
     (tmp_path / "rank0.txt").write_text(HEADER.format(rank=0, pid=7, timeout=2.5,
                                                       where="evaluation (x)"))
     assert reports.read(str(tmp_path))[0] == reports.RankReport(0, 7, 2.5, "evaluation (x)", "")
+    reports.mark_frozen(str(tmp_path), 7)
+    assert reports.read(str(tmp_path))[0].frozen
 
 
 def test_torchrun_shares_its_store_across_attempts_and_the_prefix_keys_them_apart():

@@ -84,6 +84,20 @@ def run_faulty(lm_path, args, pause, *, send=None, route="mmp", max_restarts=2, 
     return proc.returncode, log, lines, pid
 
 
+def named_as_hung(place, pid=r"\d+", timeout=r"[\d.]+", launcher="mmp run"):
+    """The sentence naming rank 1 as the one that hung at ``place``: its own watchdog ended it,
+    or its peer's equal deadline passed a moment before and the agent's signal found it there
+    (which of the two is a race)."""
+    return (rf"{re.escape(launcher)}: rank 1 \(pid {pid}\) made no progress (?:for {timeout} s in "
+            rf"the {place} and was ended by its hang watchdog|in the {place} and was stopped when "
+            rf"its peers' watchdogs had given up waiting for it, before its own deadline passed)")
+
+
+def said(log):
+    """What the launcher said, for a failed assertion's message."""
+    return "\n".join(line for line in log.splitlines() if line.startswith("mmp ")) or log[-4000:]
+
+
 def flat(text):
     return " ".join(re.sub(r"\[rank\d+\]: ", "", text).split())
 
@@ -113,26 +127,37 @@ def assert_resumed_exactly(log, lines, continuous, ckpt, loaded=4):
     return after[-1]
 
 
-@pytest.mark.ci
-def test_a_frozen_rank_is_detected_and_the_group_resumes_exactly(lm_path, tmp_path, continuous):
+#: the default --hang-timeout (60 s), the issue's measurement; CI's subset the same at 10 s, where
+#: the wait for the peer's deadline is idle time
+HANG_TIMEOUTS = [pytest.param(None, id="default"), pytest.param(10, id="10s", marks=pytest.mark.ci)]
+
+
+@pytest.mark.parametrize("hang_timeout", HANG_TIMEOUTS)
+def test_a_frozen_rank_is_detected_and_the_group_resumes_exactly(lm_path, tmp_path, continuous,
+                                                                 hang_timeout):
     """SIGSTOP inside a step (the rank holds no lock, runs no watchdog): its peer's watchdog
-    ends the attempt after the default --hang-timeout, the frozen rank takes the agent's
-    SIGTERM at once, the group restarts and resumes from iteration 4 (--ckpt-format torch, as
-    the issue's measurement)."""
+    ends the attempt after --hang-timeout, the frozen rank takes the agent's SIGTERM at once,
+    the group restarts and resumes from iteration 4 (--ckpt-format torch, as the issue's
+    measurement)."""
     ckpt = tmp_path / "ckpt"
     args = ["--save", str(ckpt), "--load", str(ckpt), "--save-interval", "2",
             "--ckpt-format", "torch"]
+    if hang_timeout is not None:
+        args += ["--hang-timeout", str(hang_timeout)]
     status, log, lines, pid = run_faulty(lm_path, args, f"step:1:{FAULT_AT}",
                                          send=signal.SIGSTOP)
     assert status == 0, log[-4000:]
     message = flat(log)
     assert (f"mmp run: rank 1 (pid {pid}) stopped in the training step of iteration {FAULT_AT} "
-            f"and did not answer its hang watchdog: it was frozen") in message, log[-4000:]
-    assert "rank 0 waited for it in a collective for 60 s and ended itself" in message
+            f"and did not answer its hang watchdog: it was frozen") in message, said(log)
+    waited = hang_timeout or 60
+    assert f"rank 0 waited for it in a collective for {waited} s and ended itself" in message, \
+        said(log)
     assert f"restart 1 of 2). The latest complete checkpoint in {ckpt} is iteration 4; the " \
            f"restarted group resumes from it (--load)." in message
     seconds = assert_resumed_exactly(log, lines, continuous, ckpt)
-    assert seconds <= BOUND_S, f"{seconds:.0f} s from the freeze to the resumed first step"
+    bound = BOUND_S - 60 + waited
+    assert seconds <= bound, f"{seconds:.0f} s from the freeze to the resumed first step"
 
 
 @pytest.mark.ci
@@ -163,12 +188,11 @@ def test_a_rank_hung_outside_a_collective_is_named_with_its_place(lm_path, tmp_p
     place = {"step": f"training step of iteration {FAULT_AT}",
              "save": f"checkpoint save of iteration {FAULT_AT}"}[where]
     # the third save may take twice the slowest save before it (the first forks its writers)
-    assert re.search(rf"mmp run: rank 1 \(pid {pid}\) made no progress for [\d.]+ s in the {place} "
-                     rf"and was ended by its hang watchdog; it was at File \"[^\"]*"
-                     rf"reliability_probe.py\", line \d+ in _maybe_pause", flat(log)), log[-4000:]
-    # mmp run prints the main thread's stack of each rank whose watchdog fired
-    assert re.search(r"mmp run: rank 1's main thread when its hang watchdog fired \(innermost "
-                     r"first\):\n +File .*reliability_probe.py", log), log[-4000:]
+    assert re.search(named_as_hung(place, pid) + r"; it was at File \"[^\"]*reliability_probe.py"
+                     r"\", line \d+ in _maybe_pause", flat(log)), log[-4000:]
+    # mmp run prints the main thread's stack of the hung rank
+    assert re.search(r"mmp run: rank 1's main thread when (?:its hang watchdog fired|it was "
+                     r"stopped) \(innermost first\):\n +File .*reliability_probe.py", log), log[-4000:]
     assert_resumed_exactly(log, lines, continuous, ckpt)
 
 
@@ -183,8 +207,8 @@ def test_repeated_failure_stops_after_max_restarts_with_one_paragraph(lm_path, t
     message = flat(log)
     assert "(restart 1 of 1)" in message and "(restart 2 of" not in message
     final = message[message.rindex("mmp run: "):]
-    assert re.match(rf"mmp run: rank 1 \(pid \d+\) made no progress for 5 s in the training step "
-                    rf"of iteration {FAULT_AT} and was ended by its hang watchdog", final), final
+    assert re.match(named_as_hung(f"training step of iteration {FAULT_AT}", timeout="5"),
+                    final), final
     assert final.endswith(
         f"No restart was left (--max-restarts 1). The latest complete checkpoint in {ckpt} is "
         f"iteration 4 (named by latest_checkpointed_iteration.txt; a checkpoint being written "
@@ -316,8 +340,8 @@ def test_dlrover_run_stops_after_max_restarts_with_one_paragraph(lm_path, tmp_pa
     message = flat(log)
     assert "(restart 1 of 1)" in message and "(restart 2 of" not in message
     final = message[message.rindex("mmp (dlrover-run): "):]
-    assert re.match(rf"mmp \(dlrover-run\): rank 1 \(pid \d+\) made no progress for 5 s in the "
-                    rf"training step of iteration {FAULT_AT}", final), final
+    assert re.match(named_as_hung(f"training step of iteration {FAULT_AT}", timeout="5",
+                                  launcher="mmp (dlrover-run)"), final), final
     assert (f"No restart was left (--max-restarts 1). The latest complete checkpoint in {ckpt} "
             f"is iteration 4") in final, final
 

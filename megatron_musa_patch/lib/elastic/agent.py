@@ -2,7 +2,8 @@
 
 * A rank stopped as a whole (SIGSTOP) keeps the agent's SIGTERM pending until it is continued:
   the agent waited 30 s for it, then killed it. After the stop signal it now also gets SIGCONT,
-  so it takes the signal at once (a running process ignores SIGCONT).
+  so it takes the signal at once (a running process ignores SIGCONT). ``on_frozen(pid)`` hears
+  of each rank found stopped that way: continued, it looks like any other rank.
 * Before each restart the agent would only log that it restarts: ``mmp run`` says which rank
   failed and where (the watchdog reports, ``reports.py``), and which checkpoint the group resumes
   from.
@@ -65,11 +66,24 @@ class Elastic:
         return cls(api, LocalElasticAgent, handler.SubprocessHandler, errors.ChildFailedError)
 
 
+def stopped_as_a_whole(pid: int) -> bool:
+    """The process is stopped (SIGSTOP) or held by a tracer (a debugger), as Linux's
+    /proc/PID/stat says; False where there is no such file."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 @contextmanager
 def driven(on_restart: Callable[[Dict[int, object], int, int], None],
-           elastic: Optional[Elastic] = None):
+           elastic: Optional[Elastic] = None,
+           on_frozen: Optional[Callable[[int], None]] = None):
     """While the context is open, ``on_restart(failures, restart, max_restarts)`` runs before a
-    restart that follows failed ranks (not one for a node joining)."""
+    restart that follows failed ranks (not one for a node joining), and ``on_frozen(pid)`` when
+    the agent ends a rank it finds stopped as a whole."""
     elastic = elastic or Elastic.torch()
     api = elastic.api
 
@@ -85,12 +99,18 @@ def driven(on_restart: Callable[[Dict[int, object], int, int], None],
         if result is not None and result.state in (api.WorkerState.FAILED,
                                                     api.WorkerState.UNHEALTHY):
             spec = instance._worker_group.spec
+            # the rest of the group stopped first, as when no restart is left: their reports
+            # then hold what the stop signal found (the restart's own stop finds them ended)
+            instance._stop_workers(instance._worker_group)
             on_restart(dict(result.failures), spec.max_restarts - instance._remaining_restarts,
                        spec.max_restarts)
         last["result"] = None
         return wrapped(*args, **kwargs)
 
     def close(wrapped, instance, args, kwargs):
+        pid = getattr(getattr(instance, "proc", None), "pid", None)
+        if on_frozen is not None and pid is not None and stopped_as_a_whole(pid):
+            on_frozen(pid)
         result = wrapped(*args, **kwargs)
         try:
             os.killpg(instance.proc.pid, signal.SIGCONT)

@@ -1,15 +1,19 @@
 """What the ranks' watchdog reports say about a failed attempt: which rank stopped, where.
 
 A report (``watchdog.HEADER``) names the last deadline the rank armed; after ``Timeout (``
-follow its stacks, written when that deadline passed. Three kinds of rank come out of it:
+follow its stacks, written when that deadline passed, or, without that line, the stacks it
+wrote when the agent ended it (SIGTERM). The agent marks a rank it found stopped as a whole
+(``mark_frozen``). Three kinds of rank come out of it:
 
-* **hung**: its deadline passed while its main thread was outside ``torch.distributed`` (a
-  Python loop, I/O, a wait of its own): this rank stopped the job;
+* **hung**: its main thread was outside ``torch.distributed`` (a Python loop, I/O, a wait of its
+  own) when its deadline passed, or when the agent ended it because its peers' deadlines had
+  passed a moment before its own: this rank stopped the job;
 * **waiting**: its deadline passed inside a collective: it was waiting for another rank. So did
   a rank whose main thread was in the watchdog itself: the collective it waited in had just
   failed (its peer ended at the same deadline), and it was cancelling its own;
-* **frozen**: it had armed a deadline and neither reported nor exited when its peers did: it
-  could not run its watchdog (SIGSTOP, a debugger, stuck where Python cannot run).
+* **frozen**: it had armed a deadline, the agent found it stopped (SIGSTOP, a debugger) or it
+  wrote no stack when its peers gave up: it could not run Python (SIGSTOP, a debugger, stuck
+  where Python cannot run).
 """
 
 from __future__ import annotations
@@ -35,12 +39,12 @@ class RankReport:
     pid: int
     timeout: float
     where: str
-    #: the stacks written when the deadline passed ("" while it had not)
+    #: the stacks written when the deadline passed, or when the agent ended the rank ("")
     stacks: str = ""
-
-    @property
-    def fired(self) -> bool:
-        return bool(self.stacks)
+    #: the stacks are its watchdog's (its deadline passed), not the agent's stop signal's
+    fired: bool = False
+    #: the agent found the process stopped as a whole when it ended it
+    frozen: bool = False
 
     def main_stack(self) -> List[str]:
         """The frames of the main thread, innermost first (the thread whose outermost frame is
@@ -53,8 +57,9 @@ class RankReport:
         return []
 
     def main_stack_text(self, launcher: str = "mmp run") -> str:
-        return f"{launcher}: rank {self.rank}'s main thread when its hang watchdog fired " \
-               f"(innermost first):\n" + "\n".join(f"  {frame}" for frame in self.main_stack())
+        when = "its hang watchdog fired" if self.fired else "it was stopped"
+        return f"{launcher}: rank {self.rank}'s main thread when {when} (innermost first):\n" + \
+            "\n".join(f"  {frame}" for frame in self.main_stack())
 
     def in_collective(self) -> bool:
         return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in frame
@@ -69,6 +74,16 @@ class RankReport:
         """Its deadline passed while it waited for another rank (the module's docstring)."""
         return self.in_collective() or self.in_watchdog()
 
+    def ended_outside_a_collective(self) -> bool:
+        """The agent's signal, not its watchdog, ended it, and found it running Python outside
+        a collective (the hung rank whose peers' deadlines passed first)."""
+        return bool(self.stacks) and not (self.fired or self.frozen or self.was_waiting())
+
+    def shows_where_it_stopped(self) -> bool:
+        """Its stacks are from where it stopped making progress or waited: its watchdog's, or
+        the stop signal's outside a collective; not a frozen rank's once continued."""
+        return not self.frozen and (self.fired or self.ended_outside_a_collective())
+
     def innermost(self) -> str:
         frames = self.main_stack()
         return frames[0] if frames else "(no Python frame)"
@@ -78,11 +93,22 @@ def seconds(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
+#: the file ``mark_frozen`` leaves in the report directory, by pid
+_FROZEN = "frozen-{pid}"
+
+
+def mark_frozen(report_dir: Optional[str], pid: int) -> None:
+    """The agent found this rank's process stopped as a whole when it ended it."""
+    if report_dir and os.path.isdir(report_dir):
+        open(os.path.join(report_dir, _FROZEN.format(pid=pid)), "w").close()
+
+
 def read(report_dir: Optional[str]) -> Dict[int, RankReport]:
     found: Dict[int, RankReport] = {}
     if not report_dir or not os.path.isdir(report_dir):
         return found
-    for name in sorted(os.listdir(report_dir)):
+    names = sorted(os.listdir(report_dir))
+    for name in names:
         try:
             with open(os.path.join(report_dir, name), encoding="utf-8", errors="replace") as f:
                 text = f.read()
@@ -92,9 +118,12 @@ def read(report_dir: Optional[str]) -> Dict[int, RankReport]:
         match = _HEADER.match(first)
         if not match:
             continue
-        stacks = rest[rest.find("Timeout ("):] if "Timeout (" in rest else ""
-        found[int(match.group(1))] = RankReport(int(match.group(1)), int(match.group(2)),
-                                                float(match.group(3)), match.group(4), stacks)
+        fired = "Timeout (" in rest
+        stacks = rest[rest.find("Timeout ("):] if fired else rest.strip()
+        pid = int(match.group(2))
+        found[int(match.group(1))] = RankReport(
+            int(match.group(1)), pid, float(match.group(3)), match.group(4), stacks, fired,
+            frozen=_FROZEN.format(pid=pid) in names)
     return found
 
 
@@ -112,20 +141,33 @@ def diagnosis(reports: Dict[int, RankReport], exit_codes: Dict[int, int]) -> Opt
     """The sentences that say which rank stopped making progress and where, or None when no
     watchdog fired (a rank died or failed on its own: the exit statuses say it).
     ``exit_codes``: the ranks the agent saw end, with their codes (-15: it stopped them)."""
-    fired = [r for r in reports.values() if r.fired]
+    # found stopped as a whole: whatever it wrote once the agent continued it to take the stop
+    # signal (its watchdog's deadline had long passed by then) is not where it hung
+    marked = [r for r in reports.values() if r.frozen]
+    fired = [r for r in reports.values() if r.fired and not r.frozen]
     if not fired:
         return None
     hung = [r for r in fired if not r.was_waiting()]
     waiting = [r for r in fired if r.was_waiting()]
     # still running when its peers gave up, until the agent stopped it
-    frozen = [r for r in reports.values() if not r.fired
-              and exit_codes.get(r.rank, -signal.SIGTERM) == -signal.SIGTERM]
+    stopped = [r for r in reports.values() if not r.fired and not r.frozen
+               and exit_codes.get(r.rank, -signal.SIGTERM) == -signal.SIGTERM]
+    # its peers' deadlines passed a moment before its own: where the agent's signal found it
+    late = [r for r in stopped if r.ended_outside_a_collective()]
+    # no stack even from the stop signal: it could not run at all
+    frozen = marked + [r for r in stopped if not r.stacks]
     parts = []
     for r in sorted(hung, key=lambda r: r.rank):
         parts.append(f"rank {r.rank} (pid {r.pid}) made no progress for {seconds(r.timeout)} s in the "
                      f"{r.where} and was ended by its hang watchdog; it was at "
                      f"{r.innermost()} (its stack is printed above)")
     if not hung:
+        for r in sorted(late, key=lambda r: r.rank):
+            parts.append(f"rank {r.rank} (pid {r.pid}) made no progress in the {r.where} and was "
+                         f"stopped when its peers' watchdogs had given up waiting for it, before "
+                         f"its own deadline passed; it was at {r.innermost()} (its stack is "
+                         f"printed above)")
+    if not hung and not late:
         for r in sorted(frozen, key=lambda r: r.rank):
             parts.append(f"rank {r.rank} (pid {r.pid}) stopped in the {r.where} and did not "
                          f"answer its hang watchdog: it was frozen (stopped by a signal such as "
@@ -140,4 +182,4 @@ def diagnosis(reports: Dict[int, RankReport], exit_codes: Dict[int, int]) -> Opt
     return "; ".join(parts) + "."
 
 
-__all__ = ["HEADER", "RankReport", "read", "clear", "diagnosis"]
+__all__ = ["HEADER", "RankReport", "read", "clear", "mark_frozen", "diagnosis"]

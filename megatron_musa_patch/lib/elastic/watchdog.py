@@ -11,7 +11,12 @@ restarting it.
 
 A rank that is frozen as a whole (SIGSTOP, a debugger) cannot run its watchdog either: its peers,
 waiting for it in a collective, reach their deadlines instead; its report then shows the last
-deadline it armed and no stack, which is how the launcher tells it apart.
+deadline it armed and no stack, and the agent finds it stopped when it ends it.
+
+A rank hung in Python whose peers' equal deadlines passed a moment before its own is ended by
+the agent's SIGTERM before its watchdog fires: faulthandler writes its stacks into the report
+on that signal too (then the process ends as it would have), so the launcher still sees where
+it was.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import os
+import signal
 import time
 from contextlib import contextmanager
 from typing import Dict, Optional, TextIO
@@ -68,6 +74,8 @@ class Watchdog:
         report = None
         if report_dir:
             report = open(os.path.join(report_dir, f"rank{rank}.txt"), "w", encoding="utf-8")
+            # after the header of the deadline armed last; chain: SIGTERM still ends the rank
+            faulthandler.register(signal.SIGTERM, file=report, all_threads=True, chain=True)
         return cls(deadlines, rank, report)
 
     def arm(self, seconds: float, where: str) -> None:
