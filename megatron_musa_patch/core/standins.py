@@ -8,6 +8,8 @@ import importlib.util
 import sys
 from typing import Callable
 
+import wrapt
+
 
 class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves one stand-in module by name (kind ``module``)."""
@@ -26,6 +28,9 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self.fill(module)
+        # this finder answered before wrapt's: the post-import hooks of the module (the
+        # registry's patches of what the stand-in defines) are run here instead
+        wrapt.notify_module_loaded(module)
 
     def remove(self) -> None:
         if self in sys.meta_path:

@@ -2,13 +2,15 @@
 
 From 0.17 ``import megatron.core`` reaches ``moe/router.py``, whose ``InferenceTopKRouter``
 decorates a method with ``@torch.compile`` as the class is defined. ``torch.compile`` compiles
-nothing then (it compiles at the first call), but it imports ``torch._dynamo`` and inductor:
-seconds in every process that imports megatron-core (6 s of 17 s on 2 cores with torch 2.15,
-``benchmarks/bench_import.py``), whether or not it ever routes a token for inference. The
-module's own source runs with ``torch.compile`` replaced, while it executes, by one that hands
-back a function which calls ``torch.compile`` with the same arguments at its first call and the
-compiled function from then on: what runs, and how it compiles, is upstream's; only the import of
-the compiler waits for the first use.
+nothing then (it compiles at the first call), but it imports torch's compiler (dynamo and
+inductor): seconds in every process that imports megatron-core (7.4 s of 19.3 s on 2 cores with
+torch 2.15 and megatron-core 0.19.2, ``benchmarks/bench_import.py``), whether or not it ever
+routes a token for inference. The module's own source runs with ``torch.compile`` replaced,
+while it executes (the modules it imports first included), by one that hands back a function
+which calls ``torch.compile`` with the same arguments at its first call and the compiled
+function from then on: what runs, and how it compiles, is upstream's; only the import of the
+compiler waits for the first use. The layer's patches of the module's classes apply to it as
+to an imported one (``core/standins.py`` runs their post-import hooks).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def mmp_register_patches(registry):
         "compile_at_import", f"{FEATURE.name}.moe_router", "module", _router_with_lazy_compile,
         FEATURE.name, megatron=VERIFIED_MEGATRON,
         why="@torch.compile on InferenceTopKRouter's routing compiles at its first call; "
-            "`import megatron.core` no longer imports torch._dynamo and inductor"))
+            "`import megatron.core` no longer imports torch's compiler (dynamo, inductor)"))
 
 
 def _router_with_lazy_compile(module) -> None:
