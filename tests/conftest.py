@@ -40,14 +40,20 @@ def run_python(code, *, env=None, cwd=None, timeout=300, args=()):
                           text=True, timeout=timeout)
 
 
+def probe_env(env=None):
+    """``env`` (default: ``subprocess_env()``) with the repository first on ``PYTHONPATH``, as
+    a probe module needs it (``run_probe``; a test that starts one with Popen)."""
+    env = dict(env or subprocess_env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
 def run_probe(module, *args, env=None, cwd=None, timeout=300):
     """Run a probe module of the test tree (``tests.device.probes.cpu_groups``) as
     ``python -m module args...``: a real module beside its test, not a string literal. The
     repository is put first on ``PYTHONPATH`` so the probe imports ``tests.*`` helpers and the
     checkout's package wherever ``cwd`` is."""
-    env = dict(env or subprocess_env())
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], env=env,
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], env=probe_env(env),
                           cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout)
 
 

@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 import types
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.features import hang_watchdog, restart_store
 
-from tests.conftest import run_probe
+from tests.conftest import probe_env, run_probe
 
 
 def test_deadlines_first_of_a_kind_then_twice_the_slowest_with_a_floor():
@@ -63,10 +62,8 @@ def test_the_agents_stop_signal_writes_where_a_hung_process_was(tmp_path):
     fires, and the report holds its stacks from that signal (not marked as fired)."""
     import subprocess
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, "-m", SECTION, str(tmp_path), "60", "hang"], env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", SECTION, str(tmp_path), "60", "hang"],
+                            env=probe_env(dict(os.environ)), stderr=subprocess.PIPE, text=True)
     report = tmp_path / "rank3.txt"
     deadline = time.monotonic() + 60
     while not (report.is_file() and "iteration 2" in report.read_text()):
