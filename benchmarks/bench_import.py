@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tools.machine import describe  # noqa: E402
 
-IMPORT = "import megatron.core"  # what reaches moe/router.py; megatron.training adds the same on both
+#: what reaches moe/router.py (megatron.training would add the same to both variants)
+IMPORT = "import megatron.core"
 VARIANTS = {"lazy_compile (shipped)": "", "without it (upstream's import)": "lazy_compile"}
 
 

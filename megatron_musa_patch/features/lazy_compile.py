@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
@@ -66,7 +67,7 @@ def lazy(compile_):
     def deferred(model=None, **options):
         if model is None:
             return lambda fn: deferred(fn, **options)
-        if not isinstance(model, type(deferred)):  # an nn.Module: what compile_ returns
+        if not isinstance(model, types.FunctionType):  # an nn.Module: what compile_ returns
             return compile_(model, **options)
         compiled = []
         lock = threading.Lock()

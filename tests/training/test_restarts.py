@@ -192,7 +192,8 @@ def test_a_rank_hung_outside_a_collective_is_named_with_its_place(lm_path, tmp_p
                      r"\", line \d+ in _maybe_pause", flat(log)), log[-4000:]
     # mmp run prints the main thread's stack of the hung rank
     assert re.search(r"mmp run: rank 1's main thread when (?:its hang watchdog fired|it was "
-                     r"stopped) \(innermost first\):\n +File .*reliability_probe.py", log), log[-4000:]
+                     r"stopped) \(innermost first\):\n +File .*reliability_probe.py", log), \
+        log[-4000:]
     assert_resumed_exactly(log, lines, continuous, ckpt)
 
 
