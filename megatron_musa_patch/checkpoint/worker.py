@@ -192,19 +192,6 @@ def dump(plan: dict, model) -> None:
         raise
 
 
-def _results_queue_by_fork() -> None:
-    """Megatron's torch_dist writer reports through a manager process it starts with
-    ``spawn``; unpickling the report makes that process import torch (two seconds of a 1B
-    import). Started here by ``fork``, before the model is built, it has torch already. Where a
-    release keeps the queue elsewhere, nothing changes but those seconds."""
-    import multiprocessing
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if getattr(filesystem_async, "_results_queue", False) is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-
-
 def _without_crc32() -> None:
     """torch.save (which writes every record of either format) computes a CRC32 over each
     tensor's bytes, a third of a 1B import's save on 2 cores, and torch.load never checks it
@@ -247,8 +234,6 @@ def main(argv=None) -> int:
     parser.add_argument("--plan", required=True, help="JSON written by mmp checkpoint")
     opts = parser.parse_args(own)
     plan = json.loads(Path(opts.plan).read_text())
-    if opts.mode != "dump":  # the steps that save
-        _results_queue_by_fork()
     args, model = megatron_model(megatron_argv)
     from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 
@@ -276,8 +261,8 @@ def run() -> None:
     """The entry ``mmp checkpoint`` starts: ``python -c`` with this, not ``-m`` with the module:
     a process started with ``spawn`` imports the parent's main module again, and this one
     would bring the package, torch and megatron-core with it (seconds) for a helper that needs
-    none of them (Megatron's checkpoint writer spawns one where ``_results_queue_by_fork``
-    cannot put a forked one in its place)."""
+    none of them (Megatron's checkpoint writer spawns one where the feature
+    ``forked_write_queue`` is switched off)."""
     from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
     try:
