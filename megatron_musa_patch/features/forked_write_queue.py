@@ -93,13 +93,15 @@ def forked_queue():
 
 def _end_with(parent: int) -> None:
     """In the manager: the kernel ends it when ``parent`` dies (SIGKILL included), which a
-    normal exit's shutdown does not cover. Linux only; elsewhere it lives as a spawned one."""
+    normal exit's shutdown does not cover. SIGKILL, so that no handler the rank had registered
+    runs in it (a SIGTERM stack dump would go to the rank's hang report); it holds nothing to
+    flush. Linux only; elsewhere it lives on as a spawned one does."""
     import ctypes
 
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # died before the request took hold
         os._exit(0)

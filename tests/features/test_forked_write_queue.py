@@ -14,7 +14,7 @@ import pytest
 
 from megatron_musa_patch.core.errors import PatchError
 from megatron_musa_patch.features import forked_write_queue as feature
-from tests.conftest import subprocess_env
+from tests.conftest import probe_env
 from tests.harness.stock import FIXTURES, run_stock
 
 PROBE = {"MEGATRON_MUSA_PATCH_PLUGINS": "write_queue_probe",
@@ -43,18 +43,7 @@ def test_a_release_without_the_writers_queue_is_refused_by_name(monkeypatch):
     assert "MEGATRON_MUSA_PATCH_DISABLE=forked_write_queue" in text
 
 
-HOLDER = """
-import multiprocessing, sys, time
-from megatron_musa_patch.features.forked_write_queue import forked_queue
-if sys.argv[1] == "feature":
-    queue = forked_queue()
-else:  # what a plain forked Manager does
-    queue = multiprocessing.get_context("fork").Manager().Queue()
-queue.put("result")
-assert queue.get() == "result"
-print(queue._manager._process.pid, flush=True)
-time.sleep(120)
-"""
+HOLDER = "tests.features.probes.forked_queue_holder"
 
 
 def _alive(pid: int) -> bool:
@@ -67,8 +56,8 @@ def _alive(pid: int) -> bool:
 
 def _manager_after_its_owner_is_killed(kind: str) -> bool:
     """Whether the manager of a process that is SIGKILLed is still alive 5 s later."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, kind], stdout=subprocess.PIPE,
-                            text=True, env=subprocess_env())
+    proc = subprocess.Popen([sys.executable, "-m", HOLDER, kind], stdout=subprocess.PIPE,
+                            text=True, env=probe_env())
     try:
         manager = int(proc.stdout.readline())
         assert _alive(manager)
