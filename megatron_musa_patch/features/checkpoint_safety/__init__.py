@@ -8,7 +8,9 @@ switch (``checkpoint_safety`` means all of them):
 * ``checkpoint_safety.legacy_format_experts`` -- ``--ckpt-format torch`` refused where it would
   leave shards unsaved;
 * ``checkpoint_safety.exact_resume_rng`` -- the data iterators do not shift the CPU row's dropout
-  stream.
+  stream;
+* ``checkpoint_safety.async_snapshot`` -- an async save of host-memory tensors writes the state
+  of its iteration.
 """
 
 from .atomic_tracker import AtomicTextFile  # noqa: F401 - used by tests and tools
