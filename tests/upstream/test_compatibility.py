@@ -61,14 +61,21 @@ def test_a_megatron_core_newer_than_the_table_is_refused_with_one_paragraph():
         ">=0.16.1,<0.20")
 
 
+@pytest.fixture(scope="module")
+def installed_statuses():
+    """{(record id, variant): status} on the installed releases (the same for every case)."""
+    return {(r["id"], r["variant"]): r["status"]
+            for r in patches(mmp("patches", "--json", "--no-import"))}
+
+
 @pytest.mark.parametrize("simulated", [{"torch": "2.16.0"}, {"core": "0.20.0"}])
 @pytest.mark.parametrize("how", ["override", "table row"])
-def test_a_release_nobody_verified_shows_every_record_unverified(simulated, how):
+def test_a_release_nobody_verified_shows_every_record_unverified(installed_statuses, simulated,
+                                                                 how):
     """The torch records (all of them carry a torch range) or every record (megatron-core
     ranges) are tried and reported unverified; the rest stay as they were."""
     env, add_rows = (ALLOW, False) if how == "override" else ({}, True)
-    baseline = {(r["id"], r["variant"]): r["status"]
-                for r in patches(mmp("patches", "--json", "--no-import"))}
+    baseline = installed_statuses
     rows = patches(mmp("patches", "--json", "--no-import", env=env, add_rows=add_rows,
                        **simulated))
     now = {(r["id"], r["variant"]): r for r in rows}
