@@ -93,6 +93,14 @@ def named_as_hung(place, pid=r"\d+", timeout=r"[\d.]+", launcher="mmp run"):
             rf"its peers' watchdogs had given up waiting for it, before its own deadline passed)")
 
 
+#: where the final paragraph says the hung rank was (the probe's pause), after named_as_hung
+AT_THE_PAUSE = r"; it was at File \"[^\"]*reliability_probe.py\", line \d+ in _maybe_pause"
+#: mmp run prints the hung rank's main thread's stack
+MAIN_THREAD_STACK = re.compile(r"mmp run: rank 1's main thread when (?:its hang watchdog fired|"
+                               r"it was stopped) \(innermost first\):\n +File "
+                               r".*reliability_probe.py")
+
+
 def said(log):
     """What the launcher said, for a failed assertion's message."""
     return "\n".join(line for line in log.splitlines() if line.startswith("mmp ")) or log[-4000:]
@@ -190,12 +198,9 @@ def test_a_rank_hung_outside_a_collective_is_named_with_its_place(lm_path, tmp_p
     place = {"step": f"training step of iteration {FAULT_AT}",
              "save": f"checkpoint save of iteration {FAULT_AT}"}[where]
     # the third save may take twice the slowest save before it (the first forks its writers)
-    assert re.search(named_as_hung(place, pid) + r"; it was at File \"[^\"]*reliability_probe.py"
-                     r"\", line \d+ in _maybe_pause", flat(log)), log[-4000:]
+    assert re.search(named_as_hung(place, pid) + AT_THE_PAUSE, flat(log)), log[-4000:]
     # mmp run prints the main thread's stack of the hung rank
-    assert re.search(r"mmp run: rank 1's main thread when (?:its hang watchdog fired|it was "
-                     r"stopped) \(innermost first\):\n +File .*reliability_probe.py", log), \
-        log[-4000:]
+    assert MAIN_THREAD_STACK.search(log), log[-4000:]
     assert_resumed_exactly(log, lines, continuous, ckpt)
 
 
@@ -211,11 +216,8 @@ def test_repeated_failure_stops_after_max_restarts_with_one_paragraph(lm_path, t
     assert "(restart 1 of 1)" in message and "(restart 2 of" not in message
     final = message[message.rindex("mmp run: "):]
     assert re.match(named_as_hung(f"training step of iteration {FAULT_AT}", timeout="5")
-                    + r"; it was at File \"[^\"]*reliability_probe.py\", line \d+ in _maybe_pause",
-                    final), final
-    assert re.search(r"mmp run: rank 1's main thread when (?:its hang watchdog fired|it was "
-                     r"stopped) \(innermost first\):\n +File .*reliability_probe.py", log), \
-        log[-4000:]
+                    + AT_THE_PAUSE, final), final
+    assert MAIN_THREAD_STACK.search(log), log[-4000:]
     assert final.endswith(
         f"No restart was left (--max-restarts 1). The latest complete checkpoint in {ckpt} is "
         f"iteration 4 (named by latest_checkpointed_iteration.txt; a checkpoint being written "
