@@ -4,14 +4,15 @@ safetensors, side by side in one run.
 The model is Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads of which 8 key/value,
 intermediate 8192, vocabulary 128256, tied embedding; 1.24 B parameters), random bf16 weights
 generated here (nothing is downloaded), in two safetensors shards. Each figure is the median of
-``--repeat`` runs, interleaved; the copy is ``shutil.copyfile`` of the shards (what "copying its
-safetensors" costs on this disk, page cache warm as for the conversion), copy+fsync the same
-flushed to the disk as a checkpoint save is. The goal (issue "Hugging Face checkpoints"): import
-within 2x the copy. Ratios are against both copies. ``--slope-layers N`` also converts the
-same shape with N layers, interleaved, and prints what each added GiB costs (the difference of
-the two medians over the difference of the sizes): the conversion's rate beside the copy's,
-without the start-up both sizes pay alike (Python, torch, megatron-core, Megatron's
-initialisation).
+``--repeat`` runs, interleaved, after one untimed run of each step; the copy is
+``shutil.copyfile`` of the shards (what "copying its safetensors" costs on this disk, page cache
+warm as for the conversion), copy+fsync the same flushed to the disk as a checkpoint save is. The
+goal (issue "Hugging Face checkpoints"): import within 2x the copy. Ratios are against both
+copies. ``export-hf`` writes its safetensors as transformers' ``save_pretrained`` does (not
+synced). ``--slope-layers N`` also converts the same shape with N layers, interleaved, and prints
+what each added GiB costs (the difference of the two medians over the difference of the sizes):
+the conversion's rate beside the copy's, without the start-up both sizes pay alike (Python,
+torch, megatron-core, Megatron's initialisation).
 
     MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
         [--repeat 3] [--export] [--layers 16] [--slope-layers 4]
@@ -112,6 +113,12 @@ def main(argv=None) -> int:
     # what the `mmp` script runs (python -m megatron_musa_patch.cli.main would also activate the
     # layer in the command's own process: torch and megatron-core imported for nothing)
     mmp = [sys.executable, "-c", "from _megatron_musa_patch_boot import cli; cli()"]
+    # the commands run as a user's do: a Megatron-LM checkout keeps the bytecode Python compiles
+    # (without it, every run compiles megatron.training again: a second of each conversion)
+    env = dict(os.environ)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        print("PYTHONDONTWRITEBYTECODE is set here: the timed commands run without it",
+              flush=True)
     try:
         sizes = [opts.layers] + ([opts.slope_layers] if opts.slope_layers else [])
         models, nbytes = {}, {}
@@ -124,7 +131,7 @@ def main(argv=None) -> int:
 
         def run(argv):
             proc = subprocess.run(mmp + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
+                                  text=True, env=env)
             if proc.returncode:
                 sys.exit(f"{' '.join(argv[:2])} failed:\n{proc.stderr[-3000:]}")
 
@@ -147,8 +154,11 @@ def main(argv=None) -> int:
             return {"copy": copy, "copy+fsync": lambda: copy(durable=True),
                     "import-hf": import_hf, "export-hf": export_hf}
 
-        for layers in sizes:
-            steps(models[layers])["copy"]()  # the page cache warm for every figure
+        for layers in sizes:  # untimed: the page cache warm for every figure, and the
+            # checkout's bytecode written (the first conversion on a machine compiles it)
+            fns = steps(models[layers])
+            for name in names:
+                fns[name]()
         for i in range(opts.repeat):  # interleaved, so drift hits each alike
             for layers in sizes:
                 fns = steps(models[layers])

@@ -29,6 +29,7 @@ from typing import List, Optional
 from . import saved_args
 from .errors import ConversionError
 from .hf import config_dtype
+from .worker import ENTRY
 
 FLAGS_FILE = "model_flags.txt"
 REFERENCE = "hf_reference"
@@ -426,7 +427,7 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
     loaded, ``save_format`` the one saved when they differ)."""
     if save_format is not None:
         plan.write_text(json.dumps({**json.loads(plan.read_text()), "save_format": save_format}))
-    worker = ["-c", WORKER, "--mode", mode, "--plan", str(plan), "--", *flags]
+    worker = ["-c", ENTRY, "--mode", mode, "--plan", str(plan), "--", *flags]
     # torch's CPU allocator asks for huge pages for large tensors (its THP_MEM_ALLOC_ENABLE):
     # a conversion allocates the model's size more than once (Megatron's save copies the
     # pieces of fused tensors), and faulting that in 4 KiB pages was most of its system time
@@ -451,8 +452,6 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
                          f"{proc.returncode}); nothing was written (see its output above).")
 
 
-#: the worker's entry (see worker.run)
-WORKER = "from megatron_musa_patch.checkpoint.worker import run; run()"
 
 
 def _free_port() -> int:

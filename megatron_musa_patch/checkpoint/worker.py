@@ -11,8 +11,9 @@ stock ``pretrain_gpt.py`` writes and loads, in either format and any layout, on 
   again in the format asked for;
 * ``dump``: one rank: loaded, then every tensor handed to the Hugging Face writer.
 
-    python -c 'from megatron_musa_patch.checkpoint.worker import run; run()' \\
-        --mode fill|reshard|dump --plan PLAN.json -- <Megatron flags>
+    python -c "$ENTRY" --mode fill|reshard|dump --plan PLAN.json -- <Megatron flags>
+
+(``ENTRY`` below: ``run`` with the garbage collector off while torch and megatron-core import)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def megatron_model(argv):
     import inspect
 
     sys.argv = ["pretrain_gpt.py", *argv]
+    if _flag(argv, "--tokenizer-type") == "NullTokenizer":
+        _without_transformers()
     from megatron.core.enums import ModelType
     from megatron.training import get_args
     from megatron.training.initialize import initialize_megatron
@@ -55,6 +58,23 @@ def megatron_model(argv):
     model = get_model(functools.partial(model_provider, gpt_builder),
                       ModelType.encoder_or_decoder, wrap_with_ddp=False)
     return args, model
+
+
+def _flag(argv, name: str):
+    """The value of Megatron flag ``name`` in ``argv`` (the last one given), None without it."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == name]
+    return values[-1] if values else None
+
+
+def _without_transformers() -> None:
+    """transformers kept out of this process. From 0.19, megatron-core builds even a
+    NullTokenizer through its tokenizer package, whose Hugging Face tokenizer imports
+    transformers when it is installed: 1.9 s, two fifths of a conversion's start-up on 2 cores,
+    for a library a conversion with the NullTokenizer never calls (the conversion reads and
+    writes safetensors itself). ``None`` in ``sys.modules`` makes its import fail as when it is
+    not installed (Python's documented way), which megatron-core handles (``HAVE_TRANSFORMERS``)."""
+    if "transformers" not in sys.modules:
+        sys.modules["transformers"] = None
 
 
 def fill(plan: dict, model) -> None:
@@ -225,6 +245,23 @@ def _own_storage(tensor, handed: set):
     return tensor
 
 
+#: the worker's entry, what ``mmp checkpoint`` runs with ``python -c`` (see ``run``). Python's
+#: cyclic garbage collector is off from its first line: importing torch and megatron-core makes
+#: a great many objects, and the collections they set off took a sixth of the start-up (0.4 of
+#: 2.9 s on 2 cores, Python 3.11, megatron-core 0.16.1); ``main`` turns it on again once the
+#: model is built
+ENTRY = "import gc; gc.disable(); from megatron_musa_patch.checkpoint.worker import run; run()"
+
+
+def _collect_from_here() -> None:
+    """Garbage collection on again, for what the conversion makes; what start-up made stays out
+    of every collection (frozen: it lives as long as the process)."""
+    import gc
+
+    gc.freeze()
+    gc.enable()
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, megatron_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
@@ -235,6 +272,7 @@ def main(argv=None) -> int:
     opts = parser.parse_args(own)
     plan = json.loads(Path(opts.plan).read_text())
     args, model = megatron_model(megatron_argv)
+    _collect_from_here()
     from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 
     if opts.mode == "fill":
@@ -258,10 +296,10 @@ def main(argv=None) -> int:
 
 
 def run() -> None:
-    """The entry ``mmp checkpoint`` starts: ``python -c`` with this, not ``-m`` with the module:
-    a process started with ``spawn`` imports the parent's main module again, and this one
-    would bring the package, torch and megatron-core with it (seconds) for a helper that needs
-    none of them (Megatron's checkpoint writer spawns one where the feature
+    """The entry ``mmp checkpoint`` starts (``ENTRY``): ``python -c`` with it, not ``-m`` with
+    the module: a process started with ``spawn`` imports the parent's main module again, and
+    this one would bring the package, torch and megatron-core with it (seconds) for a helper that
+    needs none of them (Megatron's checkpoint writer spawns one where the feature
     ``forked_write_queue`` is switched off)."""
     from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
@@ -269,16 +307,29 @@ def run() -> None:
         code = main()
     except MegatronMusaPatchError as exc:  # a refusal found while filling: one paragraph
         print(exc.render(prog="mmp checkpoint"), file=sys.stderr)
-        sys.exit(exc.exit_code)
-    # the interpreter's shutdown would collect garbage over every object torch and megatron-core
-    # made (about a second of a 1B import on 2 cores); frozen, they are left to the process's
-    # end, as the mmp script does. Only cycles go uncollected, and nothing is pending in them:
-    # the checkpoint's and the export's files are written, synced and closed by now
-    import gc
+        code = exc.exit_code
+    _leave(code)
 
-    gc.freeze()
-    sys.exit(code)
 
+def _leave(code: int) -> None:
+    """The process ends here, without the interpreter's shutdown: it would collect and free every
+    object torch and megatron-core made and run their exit handlers (about 0.4 s of a 1B import
+    on 2 cores) for nothing a conversion needs. Every file it wrote is closed by now (the
+    checkpoint's also synced, by Megatron's writer), so the kernel holds all of it; what is left
+    is the output in Python's buffers, flushed here, and the helper processes it started, ended
+    here: Megatron's writer spawns its results manager where ``forked_write_queue`` forked none
+    (a step that saves another format than the one it loads), and that manager, which the
+    shutdown would have stopped, would outlive the step holding its output open. The ranks of a
+    layout have passed their last barrier."""
+    import multiprocessing
+    import os
+
+    for child in multiprocessing.active_children():
+        child.kill()  # SIGKILL: none of the layer's signal handlers runs in it
+        child.join()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 if __name__ == "__main__":
     run()
