@@ -12,10 +12,13 @@ copies. ``export-hf`` writes its safetensors as transformers' ``save_pretrained`
 synced). ``--slope-layers N`` also converts the same shape with N layers, interleaved, and prints
 what each added GiB costs (the difference of the two medians over the difference of the sizes):
 the conversion's rate beside the copy's, without the start-up both sizes pay alike (Python,
-torch, megatron-core, Megatron's initialisation).
+torch, megatron-core, Megatron's initialisation). ``--without FEATURE`` also times the
+conversions with that feature switched off (``MEGATRON_MUSA_PATCH_DISABLE``), interleaved: what
+the feature is worth, in the same run.
 
     MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
         [--repeat 3] [--export] [--layers 16] [--slope-layers 4]
+        [--without upstream_fixes.writer_threads_together]
 """
 
 from __future__ import annotations
@@ -85,9 +88,11 @@ def copy_shards(source: Path, target: Path, durable: bool = False) -> None:
                 os.fsync(handle.fileno())
 
 
-def timed(fn) -> float:
-    # what the step before left unwritten is flushed first, untimed: a plain copy leaves its
-    # 2 GiB dirty, and the disk would write them back during the next step's clock
+def timed(output: Path, fn) -> float:
+    """``fn``'s seconds, with its ``output`` directory removed first. Before the clock starts,
+    what the step before left unwritten is flushed: a plain copy leaves its 2 GiB dirty, and the
+    disk would write them back during the next step's clock; likewise the removal's."""
+    shutil.rmtree(output, ignore_errors=True)
     os.sync()
     start = time.perf_counter()
     fn()
@@ -106,6 +111,8 @@ def main(argv=None) -> int:
     parser.add_argument("--slope-layers", type=int, default=None,
                         help="also convert the shape with this many layers: the cost per "
                              "added GiB, start-up aside")
+    parser.add_argument("--without", metavar="FEATURE",
+                        help="also time the conversions with this feature switched off")
     opts = parser.parse_args(argv)
     if not os.environ.get("MEGATRON_LM_PATH"):
         parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
@@ -126,56 +133,61 @@ def main(argv=None) -> int:
             print(f"generating the {layers}-layer model in {root} ...", flush=True)
             models[layers] = generate(root / f"hf{layers}", layers)
             nbytes[layers] = sum(p.stat().st_size for p in models[layers].glob("*.safetensors"))
-        names = ["copy", "copy+fsync", "import-hf"] + (["export-hf"] if opts.export else [])
+        converts = ["import-hf"] + (["export-hf"] if opts.export else [])
+        names = ["copy", "copy+fsync", *converts,
+                 *([f"{name} off" for name in converts] if opts.without else [])]
+        # "<step> off": with --without's feature off
+        off = {**env, "MEGATRON_MUSA_PATCH_DISABLE": ",".join(filter(None, (
+            env.get("MEGATRON_MUSA_PATCH_DISABLE"), opts.without)))}
         runs = {(layers, name): [] for layers in sizes for name in names}
 
-        def run(argv):
+        def run(argv, env=env):
             proc = subprocess.run(mmp + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True, env=env)
             if proc.returncode:
                 sys.exit(f"{' '.join(argv[:2])} failed:\n{proc.stderr[-3000:]}")
 
         def steps(model):
-            def copy(durable=False):
-                out = root / "copy"
-                shutil.rmtree(out, ignore_errors=True)
-                copy_shards(model, out, durable)
-
-            def import_hf():
-                shutil.rmtree(root / "ckpt", ignore_errors=True)
+            """name -> (the directory it writes, removed before it runs; the step)"""
+            def import_hf(env=env):
                 run(["checkpoint", "import-hf", "--hf-dir", str(model), "--save",
-                     str(root / "ckpt")])
+                     str(root / "ckpt")], env)
 
-            def export_hf():  # of the import just made
-                shutil.rmtree(root / "exported", ignore_errors=True)
+            def export_hf(env=env):  # of the import just made
                 run(["checkpoint", "export-hf", "--load", str(root / "ckpt"),
-                     "--hf-dir", str(root / "exported")])
+                     "--hf-dir", str(root / "exported")], env)
 
-            return {"copy": copy, "copy+fsync": lambda: copy(durable=True),
-                    "import-hf": import_hf, "export-hf": export_hf}
+            return {"copy": (root / "copy", lambda: copy_shards(model, root / "copy")),
+                    "copy+fsync": (root / "copy", lambda: copy_shards(model, root / "copy",
+                                                                      durable=True)),
+                    "import-hf": (root / "ckpt", import_hf),
+                    "export-hf": (root / "exported", export_hf),
+                    "import-hf off": (root / "ckpt", lambda: import_hf(off)),
+                    "export-hf off": (root / "exported", lambda: export_hf(off))}
 
         for layers in sizes:  # untimed: the page cache warm for every figure, and the
             # checkout's bytecode written (the first conversion on a machine compiles it)
             fns = steps(models[layers])
             for name in names:
-                fns[name]()
+                timed(*fns[name])
         for i in range(opts.repeat):  # interleaved, so drift hits each alike
             for layers in sizes:
                 fns = steps(models[layers])
                 for name in names:
-                    runs[layers, name].append(timed(fns[name]))
+                    runs[layers, name].append(timed(*fns[name]))
                 print(f"  run {i + 1}, {layers} layers: " + ", ".join(
                     f"{name} {runs[layers, name][-1]:.1f} s" for name in names), flush=True)
         median = {key: statistics.median(values) for key, values in runs.items()}
         print(f"\n{describe()}")
-        print(f"median of {opts.repeat}")
+        print(f"median of {opts.repeat}" + (f"; 'off': without {opts.without}"
+                                            if opts.without else ""))
         for layers in sizes:
             base, durable = median[layers, "copy"], median[layers, "copy+fsync"]
             print(f"model: {layers} layers, {nbytes[layers] / 2**30:.2f} GiB of bf16 "
                   f"safetensors")
             for name in names:
                 values, value = runs[layers, name], median[layers, name]
-                print(f"  {name:10} {value:7.1f} s  ({value / base:5.2f}x the copy, "
+                print(f"  {name:13} {value:7.1f} s  ({value / base:5.2f}x the copy, "
                       f"{value / durable:5.2f}x with fsync; min {min(values):.1f}, "
                       f"max {max(values):.1f})")
         if opts.slope_layers:
@@ -184,7 +196,7 @@ def main(argv=None) -> int:
             per = {name: (median[big, name] - median[small, name]) / gib for name in names}
             print(f"each added GiB ({small} -> {big} layers), start-up aside:")
             for name in names:
-                print(f"  {name:10} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
+                print(f"  {name:13} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
                       f"copy, {per[name] / per['copy+fsync']:5.2f}x with fsync)")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -314,13 +314,16 @@ def _export_vocabulary(padded: int, tp: int) -> List[str]:
 
 def checkpoint_args(load: Path):
     """The args stock pretrain_gpt.py stored in the checkpoint (either format): their plain
-    values read from the pickle alone where it is a file of its own (``saved_args``), else
-    through torch.load or megatron-core."""
+    values read from the pickle alone (``saved_args``), else through torch.load or
+    megatron-core."""
     directory = _iteration_dir(load)
     common = directory / "common.pt"
     if common.is_file():  # torch_dist up to 0.18
         return _args_of(common)
     if (directory / DIST_METADATA).is_file():  # torch_dist from 0.19: inside the checkpoint
+        args = saved_args.read_dist(directory)
+        if args is not None:
+            return args
         from megatron.core.dist_checkpointing import load_common_state_dict
 
         return load_common_state_dict(str(directory))["args"]

@@ -115,6 +115,27 @@ NETWORK_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_
                   "v_head_dim")
 
 
+def assert_args_read_alone(checkpoint):
+    """``mmp checkpoint`` read the args of this ``torch_dist`` checkpoint from their pickle alone
+    (``saved_args``: no torch or megatron-core import in the command's own process), and they
+    are the values megatron-core's own reader gives, where those are plain."""
+    import enum
+
+    import torch
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    from megatron_musa_patch.checkpoint import cli, saved_args
+
+    directory = cli._iteration_dir(checkpoint)
+    common = directory / "common.pt"  # up to 0.18; from 0.19 inside the .distcp files
+    read = saved_args.read(common) if common.is_file() else saved_args.read_dist(directory)
+    assert read is not None, f"saved_args did not read {directory}'s args"
+    expected = vars(load_common_state_dict(str(directory))["args"])
+    plain = {k for k, v in expected.items() if not isinstance(v, (torch.dtype, enum.Enum, type))}
+    assert set(vars(read)) == set(expected) and len(plain) > 100
+    assert {k: getattr(read, k) for k in plain} == {k: expected[k] for k in plain}
+
+
 def assert_config_from_args(checkpoint, hf):
     """The config export-hf makes from the checkpoint's args alone (a checkpoint import-hf did
     not write) describes the network of the original ``hf`` model."""

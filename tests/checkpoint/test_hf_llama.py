@@ -1,7 +1,8 @@
 """mmp checkpoint on the Llama family, the whole way (needs MEGATRON_LM_PATH).
 
-CI: import at TP2; the first iteration of stock pretrain_gpt.py --finetune logs transformers'
-loss on the same tokens; export gives back the original bit for bit. Outside CI (the whole stock
+CI: import at TP2 (the checkpoint's args read without megatron-core are the ones megatron-core
+reads); the first iteration of stock pretrain_gpt.py --finetune logs transformers' loss on the
+same tokens; export gives back the original bit for bit. Outside CI (the whole stock
 suite): a few training steps saved by stock pretrain_gpt.py, exported to a model whose
 transformers loss on the next batch is the loss Megatron logs for it (resumed from that same
 checkpoint)."""
@@ -9,8 +10,8 @@ checkpoint)."""
 import pytest
 
 from tests.checkpoint import tiny_models
-from tests.checkpoint.hf_steps import (assert_bitwise, batches, first_losses, hf_loss_of, import_hf,
-                                       mmp, stock, tensors)
+from tests.checkpoint.hf_steps import (assert_args_read_alone, assert_bitwise, batches,
+                                       first_losses, hf_loss_of, import_hf, mmp, stock, tensors)
 
 pytestmark = pytest.mark.stock
 
@@ -23,6 +24,7 @@ def test_llama_import_finetune_export(lm_path, tmp_path):
     imported = import_hf(hf, tmp_path / "imported", TP2, "torch_dist", lm_path)
     flags = (imported / "model_flags.txt").read_text()
     assert "--transformer-impl local" in flags and "--untie-embeddings-and-output-weights" in flags
+    assert_args_read_alone(imported)
     megatron, expected = first_losses(imported, hf, TP2, tmp_path / "first", lm_path)
     assert megatron == pytest.approx(expected, rel=1e-5), (megatron, expected)
     exported = tmp_path / "exported"

@@ -69,3 +69,15 @@ def test_what_it_does_not_follow_is_left_to_torch_load(tmp_path):
     assert saved_args.read(legacy) is None and saved_args.read(no_args) is None
     assert saved_args.read(tmp_path / "missing.pt") is None
     assert "torch" in sys.modules  # this test process's own, not the reader's
+
+
+def test_a_torch_dist_checkpoint_it_cannot_place_is_left_to_megatron_core(tmp_path):
+    # the real 0.19 layout is read in tests/checkpoint/test_hf_llama.py (against megatron-core's
+    # own reader); here what it must not follow: no metadata, a damaged one, no common state
+    assert saved_args.read_dist(tmp_path) is None
+    (tmp_path / ".metadata").write_bytes(b"not a pickle")
+    assert saved_args.read_dist(tmp_path) is None
+    import pickle
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps({"storage_data": {}}))
+    assert saved_args.read_dist(tmp_path) is None

@@ -29,7 +29,9 @@ and its own record in ``mmp doctor``:
 * ``vision_norm_without_te`` -- ``CLIPViTModel``'s default norms without TE
   (``torch.nn.LayerNorm``) cannot be built with ``config=``;
 * ``writer_metadata_path`` -- 0.16's ``remove_sharded_tensors`` reads a ``metadata_path`` that
-  torch's checkpoint writer no longer has.
+  torch's checkpoint writer no longer has;
+* ``writer_threads_together`` -- from 0.17, a rank's ``torch_dist`` writer threads start only after
+  the last bucket is written, so the buckets are written one after another.
 
 Each module's docstring says what upstream does and what the fix changes.
 """
