@@ -455,8 +455,6 @@ def _megatron(ranks: int, mode: str, plan: Path, flags: List[str], lm: Path,
                          f"{proc.returncode}); nothing was written (see its output above).")
 
 
-
-
 def _free_port() -> int:
     import socket
 

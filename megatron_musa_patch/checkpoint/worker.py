@@ -356,5 +356,6 @@ def _leave(code: int) -> None:
     sys.stderr.flush()
     os._exit(code)
 
+
 if __name__ == "__main__":
     run()

@@ -63,7 +63,9 @@ def write_buckets_together(transform_list, use_msc, rank, write_buckets, global_
             gc.enable()
 
 
-def _write_all(write_bucket, transform_list, use_msc, write_buckets):
+def _write_all(write_one, transform_list, use_msc, write_buckets):
+    """Each of ``write_buckets`` written by ``write_one`` (upstream's ``write_preloaded_data``),
+    all at once; their results by bucket, or the first failure."""
     if not write_buckets:  # upstream's writer does not call it then; nothing to write
         return {}
     outputs: queue.Queue = queue.Queue()  # (bucket index, write results or exception)
@@ -71,8 +73,8 @@ def _write_all(write_bucket, transform_list, use_msc, write_buckets):
 
     def write(index):
         try:  # upstream's writer puts its own output, failures included; not its call's
-            write_bucket(transform_list, local_proc_idx=index, write_bucket=write_buckets[index],
-                         results_queue=outputs, count_queue=None, use_fsync=True, **extra)
+            write_one(transform_list, local_proc_idx=index, write_bucket=write_buckets[index],
+                      results_queue=outputs, count_queue=None, use_fsync=True, **extra)
         except Exception as error:
             outputs.put((index, error))
 
