@@ -14,28 +14,35 @@ what each added GiB costs (the difference of the two medians over the difference
 the conversion's rate beside the copy's, without the start-up both sizes pay alike (Python,
 torch, megatron-core, Megatron's initialisation). ``--without FEATURE`` also times the
 conversions with that feature switched off (``MEGATRON_MUSA_PATCH_DISABLE``), interleaved: what
-the feature is worth, in the same run.
+the feature is worth, in the same run. ``--against REV`` also times them with the package as git
+revision REV of this repository has it (``git archive`` into the work directory, first on
+``PYTHONPATH``; the installed package's start-up hook imports it from there), interleaved: what
+the commits since REV changed, with no feature switch needed.
 
     MEGATRON_LM_PATH=... python benchmarks/bench_checkpoint_import.py [--workdir DIR]
         [--repeat 3] [--export] [--layers 16] [--slope-layers 4]
-        [--without upstream_fixes.writer_threads_together]
+        [--without upstream_fixes.writer_threads_together] [--against HEAD~1]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import io
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tools/
+sys.path.insert(0, str(REPO))  # the repository: tools/
 from tools.machine import describe  # noqa: E402
 
 SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -99,6 +106,21 @@ def timed(output: Path, fn) -> float:
     return time.perf_counter() - start
 
 
+def package_at(revision: str, target: Path) -> Path:
+    """``megatron_musa_patch`` as git ``revision`` of this repository has it, unpacked into
+    ``target`` (a directory to put first on ``PYTHONPATH``)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "megatron_musa_patch"],
+                             capture_output=True)
+    if archive.returncode:
+        sys.exit(f"--against {revision}: git archive failed: "
+                 f"{archive.stderr.decode(errors='replace').strip()} (a commit, branch or tag of "
+                 f"{REPO})")
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(target)
+    return target
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", help="where the model and its copies go (default: a "
@@ -113,6 +135,8 @@ def main(argv=None) -> int:
                              "added GiB, start-up aside")
     parser.add_argument("--without", metavar="FEATURE",
                         help="also time the conversions with this feature switched off")
+    parser.add_argument("--against", metavar="REV",
+                        help="also time the conversions with the package of git revision REV")
     opts = parser.parse_args(argv)
     if not os.environ.get("MEGATRON_LM_PATH"):
         parser.error("set MEGATRON_LM_PATH to a Megatron-LM checkout of your megatron-core's tag")
@@ -127,6 +151,16 @@ def main(argv=None) -> int:
         print("PYTHONDONTWRITEBYTECODE is set here: the timed commands run without it",
               flush=True)
     try:
+        # the other ways each conversion runs, by the suffix of its rows: "<step> off" with
+        # --without's feature off, "<step> REV" with --against's package
+        variants = {}
+        if opts.without:
+            variants["off"] = {**env, "MEGATRON_MUSA_PATCH_DISABLE": ",".join(filter(None, (
+                env.get("MEGATRON_MUSA_PATCH_DISABLE"), opts.without)))}
+        if opts.against:
+            package = package_at(opts.against, root / "against")
+            variants[opts.against] = {**env, "PYTHONPATH": os.pathsep.join(filter(None, (
+                str(package), env.get("PYTHONPATH"))))}
         sizes = [opts.layers] + ([opts.slope_layers] if opts.slope_layers else [])
         models, nbytes = {}, {}
         for layers in sizes:
@@ -135,10 +169,7 @@ def main(argv=None) -> int:
             nbytes[layers] = sum(p.stat().st_size for p in models[layers].glob("*.safetensors"))
         converts = ["import-hf"] + (["export-hf"] if opts.export else [])
         names = ["copy", "copy+fsync", *converts,
-                 *([f"{name} off" for name in converts] if opts.without else [])]
-        # "<step> off": with --without's feature off
-        off = {**env, "MEGATRON_MUSA_PATCH_DISABLE": ",".join(filter(None, (
-            env.get("MEGATRON_MUSA_PATCH_DISABLE"), opts.without)))}
+                 *(f"{name} {suffix}" for suffix in variants for name in converts)]
         runs = {(layers, name): [] for layers in sizes for name in names}
 
         def run(argv, env=env):
@@ -157,13 +188,16 @@ def main(argv=None) -> int:
                 run(["checkpoint", "export-hf", "--load", str(root / "ckpt"),
                      "--hf-dir", str(root / "exported")], env)
 
-            return {"copy": (root / "copy", lambda: copy_shards(model, root / "copy")),
-                    "copy+fsync": (root / "copy", lambda: copy_shards(model, root / "copy",
-                                                                      durable=True)),
-                    "import-hf": (root / "ckpt", import_hf),
-                    "export-hf": (root / "exported", export_hf),
-                    "import-hf off": (root / "ckpt", lambda: import_hf(off)),
-                    "export-hf off": (root / "exported", lambda: export_hf(off))}
+            fns = {"copy": (root / "copy", lambda: copy_shards(model, root / "copy")),
+                   "copy+fsync": (root / "copy", lambda: copy_shards(model, root / "copy",
+                                                                     durable=True)),
+                   "import-hf": (root / "ckpt", import_hf),
+                   "export-hf": (root / "exported", export_hf)}
+            for suffix, other in variants.items():  # each exports the import made its way
+                fns[f"import-hf {suffix}"] = (root / "ckpt", functools.partial(import_hf, other))
+                fns[f"export-hf {suffix}"] = (root / "exported",
+                                              functools.partial(export_hf, other))
+            return fns
 
         for layers in sizes:  # untimed: the page cache warm for every figure, and the
             # checkout's bytecode written (the first conversion on a machine compiles it)
@@ -180,14 +214,17 @@ def main(argv=None) -> int:
         median = {key: statistics.median(values) for key, values in runs.items()}
         print(f"\n{describe()}")
         print(f"median of {opts.repeat}" + (f"; 'off': without {opts.without}"
-                                            if opts.without else ""))
+                                            if opts.without else "")
+              + (f"; '{opts.against}': the package of git revision {opts.against}"
+                 if opts.against else ""))
+        width = max(len(name) for name in names)
         for layers in sizes:
             base, durable = median[layers, "copy"], median[layers, "copy+fsync"]
             print(f"model: {layers} layers, {nbytes[layers] / 2**30:.2f} GiB of bf16 "
                   f"safetensors")
             for name in names:
                 values, value = runs[layers, name], median[layers, name]
-                print(f"  {name:13} {value:7.1f} s  ({value / base:5.2f}x the copy, "
+                print(f"  {name:{width}} {value:7.1f} s  ({value / base:5.2f}x the copy, "
                       f"{value / durable:5.2f}x with fsync; min {min(values):.1f}, "
                       f"max {max(values):.1f})")
         if opts.slope_layers:
@@ -196,7 +233,7 @@ def main(argv=None) -> int:
             per = {name: (median[big, name] - median[small, name]) / gib for name in names}
             print(f"each added GiB ({small} -> {big} layers), start-up aside:")
             for name in names:
-                print(f"  {name:13} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
+                print(f"  {name:{width}} {per[name]:7.2f} s/GiB ({per[name] / per['copy']:5.2f}x the "
                       f"copy, {per[name] / per['copy+fsync']:5.2f}x with fsync)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
