@@ -32,7 +32,8 @@ FEATURE = feature(
 WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync"
 
 #: the releases this record was verified on (docs/compatibility.md); the threaded writer
-#: arrives in 0.17, whose method is the same as 0.18's and 0.19's
+#: arrives in 0.17, whose method is the same as 0.18's and 0.19's; its tests ran on 0.17.1,
+#: 0.18.2 and 0.19.2
 VERIFIED_MEGATRON = ">=0.17.1,<0.20"
 
 
