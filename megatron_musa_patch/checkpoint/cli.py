@@ -317,14 +317,13 @@ def checkpoint_args(load: Path):
     values read from the pickle alone (``saved_args``), else through torch.load or
     megatron-core."""
     directory = _iteration_dir(load)
-    common = directory / "common.pt"
-    if common.is_file():  # torch_dist up to 0.18
-        return _args_of(common)
-    if (directory / DIST_METADATA).is_file():  # torch_dist from 0.19: inside the checkpoint
-        args = saved_args.read_dist(directory)
+    if (directory / DIST_METADATA).is_file():  # torch_dist
+        args = saved_args.read_torch_dist(directory)
         if args is not None:
             return args
-        from megatron.core.dist_checkpointing import load_common_state_dict
+        if (directory / "common.pt").is_file():  # up to 0.18
+            return _torch_loaded_args(directory / "common.pt")
+        from megatron.core.dist_checkpointing import load_common_state_dict  # 0.19: inside
 
         return load_common_state_dict(str(directory))["args"]
     files = sorted(directory.glob("mp_rank_*/model_optim_rng.pt"))
@@ -332,13 +331,10 @@ def checkpoint_args(load: Path):
         raise ConversionError(
             f"--load {load}: {directory} holds neither a torch_dist ({DIST_METADATA}) nor a "
             f"torch (mp_rank_*/model_optim_rng.pt) checkpoint.")
-    return _args_of(files[0])
+    return saved_args.read(files[0]) or _torch_loaded_args(files[0])
 
 
-def _args_of(path: Path):
-    args = saved_args.read(path)
-    if args is not None:
-        return args
+def _torch_loaded_args(path: Path):
     import torch
 
     return torch.load(path, map_location="cpu", weights_only=False)["args"]

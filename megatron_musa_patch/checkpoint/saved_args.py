@@ -73,6 +73,14 @@ def read(path: Path) -> Optional[argparse.Namespace]:
 COMMON_STATE_KEY = "common_state/shard_0_1"
 
 
+def read_torch_dist(directory: Path) -> Optional[argparse.Namespace]:
+    """``args`` of a ``torch_dist`` checkpoint's iteration directory: from its ``common.pt`` up to
+    megatron-core 0.18, from inside its ``.distcp`` files from 0.19 (:func:`read_dist`). None
+    where they do not read so (the caller then asks torch.load or megatron-core)."""
+    common = directory / "common.pt"
+    return read(common) if common.is_file() else read_dist(directory)
+
+
 def read_dist(directory: Path) -> Optional[argparse.Namespace]:
     """``args`` of a ``torch_dist`` checkpoint that keeps its common state inside (megatron-core
     0.19 on): torch's ``.metadata`` pickle says which ``.distcp`` file holds that object's

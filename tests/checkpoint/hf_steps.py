@@ -127,8 +127,7 @@ def assert_args_read_alone(checkpoint):
     from megatron_musa_patch.checkpoint import cli, saved_args
 
     directory = cli._iteration_dir(checkpoint)
-    common = directory / "common.pt"  # up to 0.18; from 0.19 inside the .distcp files
-    read = saved_args.read(common) if common.is_file() else saved_args.read_dist(directory)
+    read = saved_args.read_torch_dist(directory)
     assert read is not None, f"saved_args did not read {directory}'s args"
     expected = vars(load_common_state_dict(str(directory))["args"])
     plain = {k for k, v in expected.items() if not isinstance(v, (torch.dtype, enum.Enum, type))}
