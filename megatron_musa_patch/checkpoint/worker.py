@@ -261,21 +261,17 @@ def _own_storage(tensor, handed: dict):
     model's own): safetensors refuses tensors whose memory overlaps. Contiguous pieces of one
     buffer that do not overlap (gate and up of the fused fc1, nearly half of a 1B Llama's bytes;
     the embedding without Megatron's padding rows) are written from where they lie, as
-    safetensors allows, not copied first. ``handed``: each storage's byte ranges given out."""
+    safetensors allows, not copied first. ``handed``: each storage's byte ranges given out (a
+    copy's own memory is nobody else's: it is not kept)."""
     import torch
 
-    def place(t):
-        """(the storage's address, the first and past-the-last byte of ``t`` in it)"""
-        first = t.storage_offset() * t.element_size()
-        return t.untyped_storage().data_ptr(), first, first + t.numel() * t.element_size()
-
-    storage, first, last = place(tensor)
-    if not tensor.is_contiguous() or any(
-            begin < last and first < end for begin, end in handed.get(storage, ())):
-        tensor = tensor.clone(memory_format=torch.contiguous_format)
-        storage, first, last = place(tensor)
-    handed.setdefault(storage, []).append((first, last))
-    return tensor
+    first = tensor.storage_offset() * tensor.element_size()
+    last = first + tensor.numel() * tensor.element_size()
+    taken = handed.setdefault(tensor.untyped_storage().data_ptr(), [])
+    if tensor.is_contiguous() and not any(begin < last and first < end for begin, end in taken):
+        taken.append((first, last))
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 #: the worker's entry, what ``mmp checkpoint`` runs with ``python -c`` (see ``run``). Python's
