@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import FIXTURES, REPO
 
-from tools.conformance import classify, render, runner, tables
+from tools.conformance import classify, cli, render, runner, tables
 
 WORKER = REPO / "tools" / "conformance" / "ranks" / "conformance_worker.py"
 worker_spec = importlib.util.spec_from_file_location("conformance_worker", WORKER)
@@ -82,10 +82,21 @@ def test_classification_and_the_generated_page(tmp_path):
            "files": [{"file": F, "status": "timeout", "seconds": 60.0, "tests": tests}]}
     (tmp_path / "core_v0.16.1.json").write_text(json.dumps(run))
     page = render.render(tmp_path)
-    assert "**1 of 4 runnable tests pass (25.0%)**; 1 off CUDA by design, 1 skipped" in page
-    assert "| `x` | 1 | 1 | 1 | 1 | 1 | 1 | 0 |" in page
-    assert f"`{F}::test_b` (failed): [call] AssertionError: weights differ" in page
-    assert f"`{F}::test_e` (hung)" in page and "do not edit by hand" in page
+    # the summary: one row per release (passed, failed, hung, not run, skipped, off CUDA, ...)
+    assert "| megatron-core 0.16.1 (`core_v0.16.1`) | 1 | 6 | 1 | 1 | 1 | 1 | 1 | 1 | 0 | 0 | " \
+           "25.0% |" in page
+    assert "**1 of 4 runnable tests pass (25.0%).**" in page
+    assert "- 1 failed; not yet classified" in page and "- 1 hung; see the file's time line" in page
+    assert "(conformance/details/core_v0.16.1.json)" in page and "do not edit by hand" in page
+    assert "--lm-path path/to/Megatron-LM-core_v0.16.1" in page
+    # the per-test details: a data file, not the page
+    assert "weights differ" not in page
+    detail = render.details(run)
+    assert detail["not passed"]["failed"] == {
+        "[call] AssertionError: weights differ -- not yet classified": ["x/test_f.py::test_b"]}
+    assert detail["not passed"]["hung"] and detail["not passed"]["not run"]
+    assert detail["files"][0]["counts"] == {"failed": 1, "hung": 1, "not run": 1,
+                                            "off CUDA by design": 1, "passed": 1, "skipped": 1}
 
 
 def test_peers_of_a_stopped_rank_are_not_counted_as_failures():
@@ -159,8 +170,11 @@ def test_the_page_names_each_files_machine_and_launcher(tmp_path):
     assert [f["machine"] for f in merged["files"]] == ["machine: Intel"] * 2 + ["machine: AMD"]
     (tmp_path / "core_v0.17.1.json").write_text(json.dumps(merged))
     page = render.render(tmp_path)
-    assert ("machine: AMD, ranks forked from one process (conformance_launch.py) (1 file); "
-            "machine: Intel, ranks started by torchrun (2 files); 8 ranks") in page
+    assert ("on AMD and Intel, ranks started by torchrun (2 files) and forked from one process "
+            "(conformance_launch.py) (1 file); 8 ranks") in page
+    assert [(f["file"], f["machine"], f["launcher"]) for f in render.details(merged)["files"]] \
+        == [("a", "machine: Intel", "torchrun"), ("b", "machine: Intel", "torchrun"),
+            ("c", "machine: AMD", "fork")]
 
 
 def test_a_failure_message_keeps_the_source_line_that_raised():
@@ -468,5 +482,46 @@ def test_the_page_gives_the_limit_most_files_ran_with(tmp_path):
            "files": [result("a", 900.0), result("b", 900.0), result("c", 1800.0)]}
     (tmp_path / "core_v0.18.2.json").write_text(json.dumps(run))
     page = render.render(tmp_path)
-    assert "8 ranks, 900 s per file" in page
-    assert "- `a`: finished" in page and "- `c` (1800 s limit): finished" in page
+    assert "8 ranks, 900 s per file" in page and "--timeout 900" in page
+    assert [(f["file"], f["status"], f["limit"]) for f in render.details(run)["files"]] == [
+        ("a", "finished", 900.0), ("b", "finished", 900.0), ("c", "finished", 1800.0)]
+
+
+def test_the_committed_summary_and_details_are_what_the_results_give():
+    """docs/conformance.md and docs/conformance/details/ are generated: a result changed without
+    rendering them again (python -m tools.conformance --render-only) fails here."""
+    results = REPO / "docs" / "conformance"
+    assert render.stale(results, REPO / "docs" / "conformance.md") == []
+    page = (REPO / "docs" / "conformance.md").read_text()
+    assert len(page.split()) < 1500, "the page is a summary; the details are data files"
+    for tag in sorted(p.stem for p in results.glob("*.json")):
+        assert f"(conformance/details/{tag}.json)" in page and (results / "details" /
+                                                                 f"{tag}.json").is_file()
+
+
+def test_check_names_a_stale_missing_or_extra_generated_file(tmp_path, capsys):
+    results, page = tmp_path / "conformance", tmp_path / "conformance.md"
+    results.mkdir()
+    tests = {f"{F}::test_a": {"outcome": "passed", "message": "", "seconds": 0.5},
+             f"{F}::test_b": {"outcome": "failed", "message": "AssertionError", "seconds": 0.5}}
+    run = {"release": {"megatron_core": "0.16.1", "tag": "core_v0.16.1"}, "nproc": 2,
+           "timeout": 60.0, "machine": "machine: test", "date": "2026-12-01",
+           "files": [{"file": F, "status": "finished", "seconds": 1.0, "tests": tests}]}
+    (results / "core_v0.16.1.json").write_text(json.dumps(run))
+    check = ["--check", "--results", str(results), "--markdown", str(page)]
+    assert cli.main(check) == 1 and "conformance.md" in capsys.readouterr().err  # never written
+    assert cli.main(["--render-only", "--results", str(results), "--markdown", str(page)]) == 0
+    assert cli.main(check) == 0
+    # a result changed and not rendered: the page and the release's details are stale
+    tests[f"{F}::test_b"]["outcome"] = "passed"
+    (results / "core_v0.16.1.json").write_text(json.dumps(run))
+    capsys.readouterr()
+    assert cli.main(check) == 1
+    err = capsys.readouterr().err
+    assert "conformance.md" in err and "details/core_v0.16.1.json" in err
+    assert cli.main(["--render-only", "--results", str(results), "--markdown", str(page)]) == 0
+    assert "**2 of 2 runnable tests pass (100.0%).**" in page.read_text()
+    # details of a release without results
+    (results / "details" / "core_v0.17.1.json").write_text("{}")
+    assert cli.main(check) == 1 and "core_v0.17.1.json (no such release)" in \
+        capsys.readouterr().err

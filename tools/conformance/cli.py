@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .classify import pass_rate, verdicts
-from .render import _one_line, describe_release, render, updated
+from .render import _one_line, describe_release, stale, updated, write
 from .runner import STALL_SECONDS, every_test_file, run_file
 from .tables import CI_SET, DEFAULT_SET, LAUNCHERS, REMAINING, SINGLE_PROCESS
 
@@ -43,13 +43,23 @@ def main(argv=None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="replace only these files' results in the release's results "
                              "(same --nproc and --timeout); the summary covers them all")
-    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--render-only", action="store_true",
+                        help="write the page and the per-test data files from the results")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the page or a per-test data file is not what the "
+                             "results give (nothing is run or written)")
     parser.add_argument("--min-pass-rate", type=float, default=None,
                         help="exit 1 when the runnable tests' pass rate is below this (percent)")
     args = parser.parse_args(argv)
+    if args.check:
+        found = stale(args.results, args.markdown)
+        for path in found:
+            print(f"conformance: stale: {path}; run python -m tools.conformance --render-only",
+                  file=sys.stderr)
+        return 1 if found else 0
     if args.render_only:
-        args.markdown.write_text(render(args.results))
-        print(f"conformance: wrote {args.markdown}")
+        written = write(args.results, args.markdown)
+        print(f"conformance: wrote {args.markdown} and {len(written) - 1} per-test data files")
         return 0
     if not args.lm_path or not (Path(args.lm_path) / "tests" / "unit_tests").is_dir():
         parser.error(f"--lm-path {args.lm_path}: not a Megatron-LM checkout with tests/unit_tests "
@@ -104,8 +114,8 @@ def main(argv=None) -> int:
     rate = 100.0 if percent is None else percent  # nothing runnable fails no bar
     print(f"conformance: {passed} of {runnable} runnable tests pass ({rate:.1f}%)")
     if not args.no_write:
-        args.markdown.write_text(render(args.results))
-        print(f"conformance: wrote {results_file} and {args.markdown}")
+        write(args.results, args.markdown)
+        print(f"conformance: wrote {results_file}, {args.markdown} and the per-test data files")
     if args.min_pass_rate is not None and rate < args.min_pass_rate:
         print(f"conformance: error: pass rate {rate:.1f}% is below --min-pass-rate "
               f"{args.min_pass_rate}%", file=sys.stderr)

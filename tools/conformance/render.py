@@ -1,4 +1,5 @@
-"""docs/conformance.md from every release's results, and the release a run was made on."""
+"""docs/conformance.md (a summary) and docs/conformance/details/ (every test's verdict) from every
+release's results, and the release a run was made on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .classify import pass_rate, verdicts
-from .tables import CI_DATA, LAUNCHED_BY, REMAINING
+from .tables import CI_DATA, CI_SET, DEFAULT_SET, LAUNCHED_BY, REMAINING
 
 # ---------------------------------------------------------------------------- the release
 def describe_release(python: str, lm_path: Path) -> dict:
@@ -33,105 +34,158 @@ def describe_release(python: str, lm_path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------- the report
-def render(results_dir: Path) -> str:
-    from tools.machine import describe
+#: the categories of the summary table, in its column order (classify.py's names)
+COLUMNS = (("passed", "passed"), ("failed", "failed"), ("hung", "hung"), ("not run", "not run"),
+           ("skipped", "skipped by upstream"), ("off CUDA by design", "off CUDA by design"),
+           (CI_DATA, "need upstream's CI"), ("flaky upstream", "flaky upstream"))
+DETAILS = "details"  # the per-test data files, beside the results: <results>/details/<tag>.json
 
-    runs = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+
+def _runs(results_dir: Path) -> list:
+    return [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+
+
+def _setups(run: dict) -> tuple:
+    """(where and how the files ran, in words; the per-file limit most files had; the launcher
+    most files had). The run-wide limit is the last --update's, which may have been a longer
+    limit for one slow file; each file's own machine, launcher and limit are in the details."""
+    machines = [(f.get("machine") or run["machine"]).removeprefix("machine: ").split(", ")
+                for f in run["files"]]
+    names = sorted({fields[0] for fields in machines})
+    software = sorted({", ".join(x for x in fields if x.startswith(("Python ", "torch ")))
+                       for fields in machines} - {""})
+    launchers = collections.Counter(f.get("launcher", "torchrun") for f in run["files"])
+    started = " and ".join(f"{LAUNCHED_BY[launcher]}"
+                           + (f" ({n} file{'s' * (n != 1)})" if len(launchers) > 1 else "")
+                           for launcher, n in sorted(launchers.items(), key=lambda kv: -kv[1]))
+    where_run = (f"on {' and '.join(names)}" + (f" ({'; '.join(software)})" if software else "")
+                 + f", ranks {started}")
+    limits = collections.Counter(f.get("timeout", run["timeout"]) for f in run["files"])
+    return (where_run, max(limits, key=limits.get, default=run["timeout"]),
+            max(launchers, key=launchers.get, default="torchrun"))
+
+
+def details(run: dict) -> dict:
+    """The per-test record of one release, compact: each file's outcome, and every test that did
+    not pass grouped by category and by its reason (the page gives only the totals)."""
+    _, usual_limit, _ = _setups(run)
+    files, grouped = [], collections.defaultdict(lambda: collections.defaultdict(list))
+    for file_result in run["files"]:
+        counts = collections.Counter()
+        for _, nodeid, category, reason, where in verdicts([file_result]):
+            counts[category] += 1
+            if category != "passed":
+                why = _one_line(reason) + (f" -- {where}" if where else "")
+                grouped[category][why].append(nodeid.replace("tests/unit_tests/", "", 1))
+        slow = sorted(file_result["tests"].items(), key=lambda kv: -kv[1].get("seconds", 0))[:3]
+        files.append({"file": file_result["file"], "status": file_result["status"],
+                      "seconds": round(file_result["seconds"]),
+                      "ranks": file_result.get("nproc", run["nproc"]),
+                      "limit": file_result.get("timeout", run["timeout"]) or usual_limit,
+                      "machine": file_result.get("machine") or run["machine"],
+                      "launcher": file_result.get("launcher", "torchrun"),
+                      "counts": dict(sorted(counts.items())),
+                      "slowest": [[n.split("::", 1)[-1], round(t.get("seconds", 0), 1)]
+                                  for n, t in slow if t.get("seconds", 0) >= 1.0]})
+    return {"release": run["release"], "date": run["date"], "files": files,
+            "not passed": {c: dict(sorted(grouped[c].items())) for c in sorted(grouped)}}
+
+
+def _totals(run: dict) -> tuple:
+    """(a Counter of categories, a Counter of (category, where) for what remains)."""
+    counts, remaining = collections.Counter(), collections.Counter()
+    for _, _, category, _, where in verdicts(run["files"]):
+        counts[category] += 1
+        if category in REMAINING:
+            remaining[(category, where or "not yet classified")] += 1
+    return counts, remaining
+
+
+def _reproduce(run: dict, usual_limit: float, launcher: str) -> str:
+    files = sorted(f["file"].replace("tests/unit_tests/", "", 1) for f in run["files"])
+    chosen = next((name for name, chosen in (("default", DEFAULT_SET), ("ci", CI_SET))
+                   if files == sorted(chosen)), "all")
+    tag = run["release"]["tag"]
+    return (f"python -m tools.conformance --lm-path path/to/Megatron-LM-{tag} \\\n"
+            f"    --python path/to/python-with-megatron-core-{run['release']['megatron_core']} "
+            f"--set {chosen} --timeout {usual_limit:.0f}"
+            + (" --launcher fork" if launcher == "fork" else ""))
+
+
+def render(results_dir: Path) -> str:
+    """The summary page: per release, how many of upstream's unit tests ran through the layer
+    and what became of them, where the per-test details are, and the command that reruns them.
+    A function of the results alone, so a stale page is found by rendering it again."""
+    runs = _runs(results_dir)
     lines = ["# Conformance: Megatron-LM's unit tests through the layer", "",
-             "Generated by `python -m tools.conformance` from `docs/conformance/*.json`; do not "
-             "edit by hand (run `python -m tools.conformance --render-only`).", "",
-             "Each file of upstream's `tests/unit_tests` ran on CPU ranks through the layer "
-             "(`MEGATRON_MUSA_PATCH=1`), one file at a time with a timeout; the ranks "
-             "started by `torchrun`, or forked from one process that has imported "
-             "megatron-core (`--launcher fork`: the same tests, a quarter of the start-up). "
-             "*Off CUDA by design*: the test needs TransformerEngine, CUDA tensors or CUDA "
-             "graphs, so it cannot pass on CPU or MUSA. The pass rate counts the tests that "
-             "need neither: passed / (passed + failed + hung + not run); tests upstream marks "
-             "flaky (its CI deselects them) are counted apart, whatever they did, and so are "
-             "those that need what upstream's CI image has: the data it mounts, downloads, a "
-             "package this release's Python cannot install (they fail the same way on a CUDA "
-             "machine without it).", ""]
+             "<!-- generated by `python -m tools.conformance --render-only` from "
+             "docs/conformance/*.json; do not edit by hand -->", "",
+             "Upstream's own unit tests (`tests/unit_tests` of each release's Megatron-LM tag), "
+             "every file run on CPU ranks through the layer. To run them yourself: "
+             "[how it runs](conformance-guide.md).", "",
+             "| release | files | tests | " + " | ".join(name for _, name in COLUMNS)
+             + " | pass rate |", "|---" * (len(COLUMNS) + 4) + "|"]
+    sections = []
     for run in runs:
         rel = run["release"]
-        setups = collections.Counter((f.get("machine") or run["machine"],
-                                      f.get("launcher", "torchrun")) for f in run["files"])
-        where_run = "; ".join(f"{machine}, ranks {LAUNCHED_BY[launcher]}"
-                              + (f" ({n} file{'s' * (n != 1)})" if len(setups) > 1 else "")
-                              for (machine, launcher), n in sorted(setups.items()))
-        # the limit most files ran with: the run-wide one is the last --update's, which may
-        # have been a longer limit for one slow file
-        limits = collections.Counter(f.get("timeout", run["timeout"]) for f in run["files"])
-        usual_limit = max(limits, key=limits.get, default=run["timeout"])
-        lines += [f"## megatron-core {rel['megatron_core']}, Megatron-LM {rel['tag']}", "",
-                  f"{where_run}; {run['nproc']} ranks, {usual_limit:.0f} s per file; "
-                  f"last run {run['date']}.", ""]
-        counts = collections.Counter()
-        by_dir = collections.defaultdict(collections.Counter)
-        failures, flaky, off_cuda, ci_only = [], [], collections.Counter(), []
-        for file_result, nodeid, category, reason, where in verdicts(run["files"]):
-            directory = os.path.dirname(file_result["file"].replace("tests/unit_tests/", "",
-                                                                    1)) or "."
-            counts[category] += 1
-            by_dir[directory][category] += 1
-            if category == "off CUDA by design":
-                off_cuda[reason] += 1
-            elif category in REMAINING:
-                failures.append((nodeid, category, reason, where))
-            elif category == "flaky upstream":
-                flaky.append((nodeid, reason))
-            elif category == CI_DATA:
-                ci_only.append((nodeid, reason))
+        counts, remaining = _totals(run)
         passed, runnable, percent = pass_rate(counts)
         rate = f"{percent:.1f}%" if percent is not None else "n/a"
-        lines += [f"**{passed} of {runnable} runnable tests pass ({rate})**; "
-                  f"{counts['off CUDA by design']} off CUDA by design, {counts['skipped']} "
-                  f"skipped by upstream's own conditions, {counts['flaky upstream']} marked "
-                  f"flaky by upstream (its CI does not run them; listed below), "
-                  f"{counts[CI_DATA]} need what upstream's CI image has (data, downloads, a "
-                  f"package; listed below).",
-                  "", "| directory | passed | failed | off CUDA by design | skipped | hung | "
-                  "not run | flaky upstream | needs upstream's CI environment |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for directory in sorted(by_dir):
-            c = by_dir[directory]
-            lines.append(f"| `{directory}` | {c['passed']} | {c['failed']} | "
-                         f"{c['off CUDA by design']} | {c['skipped']} | {c['hung']} | "
-                         f"{c['not run']} | {c['flaky upstream']} | {c[CI_DATA]} |")
-        lines += ["", "Files (status, wall time, slowest tests):", ""]
-        for file_result in run["files"]:
-            slow = sorted(file_result["tests"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
-            slow_text = ", ".join(f"`{n.split('::', 1)[-1]}` {t['seconds']:.1f} s"
-                                  for n, t in slow if t["seconds"] >= 1.0)
-            ranks = file_result.get("nproc", run["nproc"])
-            limit = file_result.get("timeout", run["timeout"])
-            lines.append(f"- `{file_result['file']}`"
-                         + (f" ({ranks} rank: not distributed)" if ranks != run["nproc"] else "")
-                         + (f" ({limit:.0f} s limit)" if limit != usual_limit else "")
-                         + f": {file_result['status']}, "
-                         f"{file_result['seconds']:.0f} s, {len(file_result['tests'])} tests"
-                         + (f"; slowest: {slow_text}" if slow_text else ""))
-        if off_cuda:
-            lines += ["", "Off CUDA by design:", ""]
-            lines += [f"- {why}: {n}" for why, n in off_cuda.most_common()]
-        lines += ["", "Remaining failures, hangs and tests not run:", ""]
-        if not failures:
-            lines.append("- none")
-        for nodeid, category, reason, where in failures:
-            lines.append(f"- `{nodeid}` ({category}): {_one_line(reason)} -- *{where}*")
-        if ci_only:
-            lines += ["", "Need what upstream's CI image has: its data, the network or a "
-                          "package (they fail the same way on CUDA without it):", ""]
-            lines += [f"- `{nodeid}`: {why}" for nodeid, why in ci_only]
-        if flaky:
-            lines += ["", "Marked flaky by upstream (`flaky` / `flaky_in_dev`; "
-                          "`tests/unit_tests/run_ci_test.sh` deselects them), what they did here:",
-                      ""]
-            lines += [f"- `{nodeid}`: {_one_line(reason)}" for nodeid, reason in flaky]
-        lines.append("")
+        lines.append(f"| megatron-core {rel['megatron_core']} (`{rel['tag']}`) | "
+                     f"{len(run['files'])} | {sum(counts.values())} | "
+                     + " | ".join(str(counts[c]) for c, _ in COLUMNS) + f" | {rate} |")
+        where_run, usual_limit, launcher = _setups(run)
+        sections += [f"## megatron-core {rel['megatron_core']}, Megatron-LM {rel['tag']}", "",
+                     f"Last run {run['date']} {where_run}; {run['nproc']} ranks, "
+                     f"{usual_limit:.0f} s per file.", "",
+                     f"**{passed} of {runnable} runnable tests pass ({rate}).** What did not, "
+                     f"by where it belongs:", ""]
+        sections += [f"- {n} {category}; {where}" for (category, where), n in
+                     sorted(remaining.items(), key=lambda kv: (-kv[1], kv[0]))] or ["- none"]
+        sections += ["", f"Every test's verdict and reason: "
+                         f"[details/{rel['tag']}.json](conformance/{DETAILS}/{rel['tag']}.json); "
+                         f"the raw results: [{rel['tag']}.json](conformance/{rel['tag']}.json). "
+                         f"Run again:", "", "```bash", _reproduce(run, usual_limit, launcher),
+                     "```", ""]
     if not runs:
-        lines += ["No results yet.", ""]
-    lines += [f"Rendered on {describe()}.", ""]
-    return "\n".join(lines)
+        lines += ["", "No results yet."]
+    lines += ["", "- **pass rate**: passed / (passed + failed + hung + not run).",
+              "- **off CUDA by design**: the test needs TransformerEngine, CUDA tensors or CUDA "
+              "graphs, so it cannot pass on CPU or MUSA.",
+              "- **need upstream's CI**: the test needs what upstream's CI image has (the data "
+              "it mounts, downloads, a package this release's Python cannot install); it fails "
+              "the same way on CUDA without it.",
+              "- **flaky upstream**: upstream marks the test flaky and its CI deselects it; "
+              "counted apart, whatever it did here.", ""]
+    return "\n".join(lines + sections)
+
+
+def details_files(results_dir: Path) -> dict:
+    """{path: text} of every release's per-test data file."""
+    return {results_dir / DETAILS / f"{run['release']['tag']}.json":
+            json.dumps(details(run), indent=1) + "\n" for run in _runs(results_dir)}
+
+
+def write(results_dir: Path, markdown: Path) -> list:
+    """Writes the page and the data files, removes data files of releases without results;
+    returns the paths written."""
+    pages = {markdown: render(results_dir), **details_files(results_dir)}
+    (results_dir / DETAILS).mkdir(exist_ok=True)
+    for old in (results_dir / DETAILS).glob("*.json"):
+        if old not in pages:
+            old.unlink()
+    for path, text in pages.items():
+        path.write_text(text)
+    return list(pages)
+
+
+def stale(results_dir: Path, markdown: Path) -> list:
+    """What ``write`` would change: the pages that differ from the results, are missing, or
+    belong to no release."""
+    pages = {markdown: render(results_dir), **details_files(results_dir)}
+    found = [str(p) for p, text in pages.items() if not p.is_file() or p.read_text() != text]
+    return found + [f"{p} (no such release)" for p in sorted((results_dir / DETAILS).glob("*.json"))
+                    if p not in pages]
 
 
 def _one_line(text: str) -> str:
