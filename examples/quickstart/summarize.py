@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
 from typing import Dict, List
+
+# a log filter: the package's number formatting without activating the layer (torch, devices)
+os.environ.setdefault("MEGATRON_MUSA_PATCH_AUTOACTIVATE", "0")
+from megatron_musa_patch.lib.metrics.figures import percent  # noqa: E402
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|")
 FIELDS = {
@@ -43,7 +48,7 @@ def follow(stream) -> None:
     for line in stream:
         row = parse_line(line)
         if row is not None:
-            mfu = f"MFU {row['mfu']:5.2f}%" if row["mfu"] is not None else "MFU n/a"
+            mfu = f"MFU {percent(row['mfu'])}" if row["mfu"] is not None else "MFU n/a"
             tokens = f"{row['tokens_per_s']:8.0f} tokens/s/device" \
                 if row["tokens_per_s"] is not None else ""
             loss = f"{row['loss']:.4f}" if row["loss"] is not None else "-"
@@ -118,7 +123,7 @@ def main(argv=None) -> int:
         mfu = result["mfu_percent"]
         print(f"throughput (median over iterations): {result['tokens_per_s_per_device']:.0f} "
               f"tokens/s per device, {result['ms_per_iteration']:.0f} ms per iteration, MFU "
-              + (f"{mfu:.2f}%" if mfu is not None else "n/a"))
+              + (percent(mfu) if mfu is not None else "n/a"))
     if not tail < losses[its[0]]:
         print("summarize: the loss did not fall", file=sys.stderr)
         return 1

@@ -58,6 +58,16 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def startup_line(opts, vocab, world, device_name, peak, why=""):
+    """The run's shape and the device peak that MFU divides by (``peak``: a ``Peak`` or None)."""
+    from megatron_musa_patch.lib.metrics.figures import significant
+
+    shown = (f"{significant(peak.tflops)} TFLOP/s ({peak.source})" if peak is not None
+             else f"unknown ({why}), so no MFU")
+    return (f"megatron-core path: {opts.layers} layers, hidden {opts.hidden}, vocab {vocab}, "
+            f"TP{opts.tp} on {world} {device_name} ranks; device peak {shown}")
+
+
 def build_tokenizer(model_dir):
     """What GPTDataset reads of the tokenizer (eod, the vocabulary size, and for its cache key
     ``unique_identifiers``): from the check that ``mmp data prepare`` recorded for this tokenizer
@@ -241,14 +251,11 @@ def main(argv=None):
     device = active_session().device
     if device.name == "cpu":
         torch.distributed.barrier()
-        peak = measure_matmul("fp32")
+        peak, why = measure_matmul("fp32"), ""
     else:
-        peak = lookup(torch.cuda.get_device_properties(0).name, "fp32")[0]
+        peak, why = lookup(torch.cuda.get_device_properties(0).name, "fp32")
     if rank == 0:
-        print(f"megatron-core path: {opts.layers} layers, hidden {opts.hidden}, vocab {vocab}, "
-              f"TP{opts.tp} on {world} {device.name} ranks; device peak "
-              f"{peak.tflops if peak else 'unknown'} TFLOP/s ({peak.source if peak else ''})",
-              flush=True)
+        print(startup_line(opts, vocab, world, device.name, peak, why), flush=True)
 
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()

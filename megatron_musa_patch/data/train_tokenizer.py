@@ -5,6 +5,12 @@ loads with no network: ``tokenizer.json`` (the whole tokenizer), ``tokenizer_con
 ``special_tokens_map.json`` (so transformers' AutoTokenizer knows the class and the special
 tokens; the eos token becomes Megatron's ``eod``). Byte-level means any text encodes without an
 unknown token. Input: the same files, globs and directories as ``mmp data prepare``.
+
+The pad token is a special token of its own, not the eos: Megatron's datasets do not trust a
+pad id that another special token shares (they warn and stop masking padding out of the loss;
+with ``--allow-ambiguous-pad-tokens`` they would mask every end of document instead). It takes
+the last id and ``--vocab-size`` counts it: the trainer learns one merge fewer, and the eos, the
+other special tokens, the bytes and the other merges keep the ids they had without it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--txt-whole-file", action="store_true",
                         help=".txt inputs: the whole file is one document")
     parser.add_argument("--eos-token", default="<|endoftext|>",
-                        help="end-of-document token (Megatron's eod; also bos/unk/pad)")
+                        help="end-of-document token (Megatron's eod; also bos/unk)")
+    parser.add_argument("--pad-token", default="<|pad|>",
+                        help="padding token (Megatron's pad), given the last id unless it is "
+                             "one of --special-tokens; the --eos-token here shares its id, "
+                             "which Megatron warns about (default <|pad|>)")
     parser.add_argument("--special-tokens", nargs="*", default=[],
                         help="more special tokens, given ids right after the eos token")
     parser.add_argument("--add-prefix-space", action="store_true",
@@ -91,14 +101,17 @@ def _lines(path: str):
 
 
 def train(args: argparse.Namespace) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors,
+                            trainers)
     from transformers import PreTrainedTokenizerFast
 
-    specials = [args.eos_token] + [t for t in args.special_tokens if t != args.eos_token]
-    floor = 256 + len(specials)
+    eos, pad = args.eos_token, args.pad_token
+    specials = [eos] + [t for t in args.special_tokens if t != eos]
+    appended = [] if pad in specials else [pad]  # added after training: the last id
+    floor = 256 + len(specials) + len(appended)
     if args.vocab_size < floor:
         raise DataError(f"--vocab-size {args.vocab_size}: a byte-level vocabulary needs the 256 "
-                        f"bytes plus {len(specials)} special token(s). Fix: pass at least "
+                        f"bytes plus {floor - 256} special token(s). Fix: pass at least "
                         f"{floor}.")
     out = os.path.abspath(args.output_dir)
     if os.path.exists(os.path.join(out, "tokenizer.json")) and not args.force:
@@ -111,18 +124,22 @@ def train(args: argparse.Namespace) -> str:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=args.vocab_size, min_frequency=args.min_frequency, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=sys.stderr.isatty())
+        vocab_size=args.vocab_size - len(appended), min_frequency=args.min_frequency,
+        special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=sys.stderr.isatty())
     tok.train_from_iterator(texts(files, args.json_keys, args.max_documents), trainer)
-    if tok.get_vocab_size() <= floor:
+    if tok.get_vocab_size() <= 256 + len(specials):
         raise DataError(f"--input {' '.join(args.input)}: no text to learn from (found no "
                         f"documents under --json-keys {' '.join(args.json_keys)}).")
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in appended])
 
-    eos = args.eos_token
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=eos, bos_token=eos, unk_token=eos, pad_token=eos,
+        tokenizer_object=tok, eos_token=eos, bos_token=eos, unk_token=eos, pad_token=pad,
         additional_special_tokens=specials[1:] or None, model_max_length=1 << 30)
     os.makedirs(out, exist_ok=True)
+    special_map = os.path.join(out, "special_tokens_map.json")
+    if os.path.exists(special_map):  # --force: transformers 5 writes none, so an old one stays
+        os.remove(special_map)
     hf.save_pretrained(out)
     # transformers 4 and 5 both resolve this class name (5 writes its own alias by default)
     config_path = os.path.join(out, "tokenizer_config.json")
@@ -134,10 +151,9 @@ def train(args: argparse.Namespace) -> str:
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, ensure_ascii=False)
         f.write("\n")
-    special_map = os.path.join(out, "special_tokens_map.json")
     if not os.path.exists(special_map):
         with open(special_map, "w", encoding="utf-8") as f:
-            json.dump({"bos_token": eos, "eos_token": eos, "unk_token": eos, "pad_token": eos,
+            json.dump({"bos_token": eos, "eos_token": eos, "unk_token": eos, "pad_token": pad,
                        **({"additional_special_tokens": specials[1:]} if specials[1:] else {})},
                       f, indent=2, ensure_ascii=False)
             f.write("\n")
@@ -148,8 +164,9 @@ def main(args: argparse.Namespace) -> int:
     out = train(args)
     from tokenizers import Tokenizer
 
-    size = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).get_vocab_size()
-    print(f"train-tokenizer: saved a byte-level BPE tokenizer ({size} tokens, eos "
-          f"{args.eos_token!r}) to {out}\n  use it with: --tokenizer-type HuggingFaceTokenizer "
-          f"--tokenizer-model {out}", file=sys.stderr)
+    tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    print(f"train-tokenizer: saved a byte-level BPE tokenizer ({tok.get_vocab_size()} tokens, "
+          f"eos {args.eos_token!r} id {tok.token_to_id(args.eos_token)}, pad {args.pad_token!r} "
+          f"id {tok.token_to_id(args.pad_token)}) to {out}\n  use it with: --tokenizer-type "
+          f"HuggingFaceTokenizer --tokenizer-model {out}", file=sys.stderr)
     return 0

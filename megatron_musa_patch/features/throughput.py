@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import re
 import sys
 from typing import Optional
@@ -31,6 +30,7 @@ from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
+from megatron_musa_patch.lib.metrics.figures import percent, significant
 
 FEATURE = feature(
     __name__,
@@ -134,15 +134,16 @@ def _startup_line(margs, peak, why) -> str:
         return (f"megatron_musa_patch throughput: tokens/s only; the model's FLOPs are not "
                 f"counted ({note}), so there is no MFU")
     line = (f"megatron_musa_patch throughput: model FLOPs per iteration (global batch {batch}) "
-            f"{ours / 1e12:.4g} TFLOP ({note})")
+            f"{significant(ours / 1e12)} TFLOP ({note})")
     upstream = _upstream_flops(margs, batch)
     if upstream:
         diff = (ours - upstream) / upstream * 100
-        line += (f"; upstream num_floating_point_operations {upstream / 1e12:.4g} TFLOP "
-                 f"({diff:+.2f}%: {_differences(margs)})"
+        line += (f"; upstream num_floating_point_operations {significant(upstream / 1e12)} "
+                 f"TFLOP ({'+' if diff > 0 else ''}{percent(diff)}: {_differences(margs)})"
                  if abs(diff) > 1e-9 else "; upstream's count is the same")
     if peak is not None:
-        line += f"; device peak {peak.tflops:.4g} TFLOP/s ({peak.dtype}, {peak.source})"
+        line += (f"; device peak {significant(peak.tflops)} TFLOP/s ({peak.dtype}, "
+                 f"{peak.source})")
     else:
         line += f"; MFU not shown: {why}; pass --device-peak-tflops"
     return line
@@ -207,16 +208,9 @@ def throughput_fields(margs, batch: int, seconds_per_iteration: float, peak) -> 
     devices = max(1, getattr(margs, "world_size", 1) or 1)
     tokens = batch * margs.seq_length / seconds_per_iteration / devices
     tflops = (flops or 0) / seconds_per_iteration / devices / 1e12
-    mfu = _percent(100 * tflops / peak.tflops) if peak is not None and flops else "n/a"
-    return (f" tokens/s/device: {tokens:.1f} | model TFLOP/s/device: {tflops:.4g} |"
-            f" MFU: {mfu} |")
-
-
-def _percent(value: float) -> str:
-    """Two decimals, or two significant digits below 0.1% (a first iteration that compiles
-    kernels on a CPU shows 0.0041%, not 0.00%)."""
-    digits = 2 if value <= 0 or value >= 0.1 else min(6, 1 - math.floor(math.log10(value)))
-    return f"{value:.{digits}f}%"
+    mfu = percent(100 * tflops / peak.tflops) if peak is not None and flops else "n/a"
+    return (f" tokens/s/device: {significant(tokens)} | model TFLOP/s/device: "
+            f"{significant(tflops)} | MFU: {mfu} |")
 
 
 def extend_log_line(message: str, margs, peak) -> str:

@@ -182,16 +182,18 @@ def test_log_line_gets_tokens_per_second_and_mfu():
     out = throughput.extend_log_line(LINE, args, Peak(0.5, "fp32", "test"))
     # 2 sequences of 32 tokens in 0.25 s over 2 devices; DENSE_EXPECTED FLOPs per iteration
     per_device_tflops = DENSE_EXPECTED / 0.25 / 2 / 1e12
-    assert "elapsed time per iteration (ms): 250.0 | tokens/s/device: 128.0 |" in out
-    assert f"model TFLOP/s/device: {per_device_tflops:.4g} |" in out
+    assert "elapsed time per iteration (ms): 250.0 | tokens/s/device: 128 |" in out
+    shown = re.search(r"model TFLOP/s/device: ([0-9.]+) \|", out).group(1)
+    assert float(shown) == pytest.approx(per_device_tflops, rel=5e-4), out  # 4 digits
+    assert len(shown.replace(".", "").lstrip("0")) <= 4, out
     mfu = re.search(r"MFU: ([0-9.]+)% \|", out).group(1)
-    assert abs(float(mfu) - 100 * per_device_tflops / 0.5) < 5e-4, out
+    assert float(mfu) == pytest.approx(100 * per_device_tflops / 0.5, rel=5e-3), out  # 3 digits
     assert out.endswith("lm loss: 6.9E+00 |")
 
 
 def test_log_line_without_peak_and_other_messages():
     out = throughput.extend_log_line(LINE, megatron_args(world_size=1), None)
-    assert "tokens/s/device: 256.0 |" in out and "MFU: n/a |" in out
+    assert "tokens/s/device: 256 |" in out and "MFU: n/a |" in out
     other = "-" * 20
     assert throughput.extend_log_line(other, megatron_args(world_size=1), None) is other
 
@@ -205,9 +207,29 @@ def test_device_peak_flag_must_be_positive():
     throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=None))
 
 
-def test_small_mfu_keeps_two_significant_digits():
-    """A first iteration that compiles kernels on a CPU is slow, not zero."""
-    from megatron_musa_patch.features.throughput import _percent
+def test_log_line_figures_stay_in_decimal_notation():
+    """Very fast and very slow iterations: every figure in plain decimal notation, to 4
+    significant digits (3 for MFU); `.4g` printed 6.449e+04 and 6.449e-11 TFLOP/s here."""
+    for ms, seconds in (("0.000001", 1e-9), ("1000000000.0", 1e6)):
+        line = LINE.replace("(ms): 250.0", f"(ms): {ms}")
+        out = throughput.extend_log_line(line, megatron_args(world_size=1), Peak(0.5, "fp32", "t"))
+        fields = dict(re.findall(r"(tokens/s/device|model TFLOP/s/device|MFU): ([^ ]+) \|", out))
+        assert not any("e" in v for v in fields.values()), out
+        tflops = DENSE_EXPECTED / seconds / 1e12
+        assert float(fields["tokens/s/device"]) == pytest.approx(64 / seconds, rel=5e-4)
+        assert float(fields["model TFLOP/s/device"]) == pytest.approx(tflops, rel=5e-4)
+        assert float(fields["MFU"].rstrip("%")) == pytest.approx(200 * tflops, rel=5e-3)
 
-    assert [_percent(v) for v in (22.871, 0.1, 0.0412, 0.0041, 0.0)] == \
-        ["22.87%", "0.10%", "0.041%", "0.0041%", "0.00%"]
+
+def test_startup_line_of_a_large_model():
+    """A 70B-class model's FLOPs per iteration (about 1.8e6 TFLOP) and a peak, as read."""
+    args = megatron_args(num_layers=80, hidden_size=8192, ffn_hidden_size=28672,
+                         num_attention_heads=64, group_query_attention=True, num_query_groups=8,
+                         kv_channels=128, seq_length=4096, padded_vocab_size=128256, swiglu=True,
+                         global_batch_size=1024)
+    line = throughput._startup_line(args, Peak(989.4, "bf16", "NVIDIA H100 datasheet"), "")
+    expected = flops.iteration_flops(args, 1024) / 1e12
+    shown = re.search(r"model FLOPs per iteration \(global batch 1024\) ([^ ]+) TFLOP", line)
+    assert shown and float(shown.group(1)) == pytest.approx(expected, rel=5e-4), line
+    assert expected > 1e6 and "e+" not in line, line
+    assert line.endswith("; device peak 989.4 TFLOP/s (bf16, NVIDIA H100 datasheet)")
