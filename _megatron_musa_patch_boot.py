@@ -58,6 +58,31 @@ def pth_hook() -> None:
     helper processes activate when they first import torch or megatron (_ActivateOnFirstImport)."""
     if not wanted() or _started_as(TORCHRUN) or _started_as(DLROVER_MASTER):
         return
+    try:
+        _hook()
+    except SystemExit as exc:  # a refusal, already said in one paragraph
+        _exit_during_site(exc.code)
+    except BaseException:  # noqa: BLE001 - site would go on without the layer, or abort
+        import traceback
+
+        traceback.print_exc()
+        print(f"megatron_musa_patch: error: the start-up hook ({ENV}=1) failed to activate the "
+              f"layer (the traceback above); unset {ENV} to run without it.", file=sys.stderr)
+        _exit_during_site(1)
+
+
+def _exit_during_site(code) -> None:
+    """Leave from inside site's .pth processing: raising SystemExit there is reported by the
+    interpreter as "Fatal Python error: init_import_site" with a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing to flush
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
+def _hook() -> None:
     if _multiprocessing_helper():
         sys.meta_path.insert(0, _ActivateOnFirstImport())
         return

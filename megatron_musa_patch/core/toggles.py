@@ -10,6 +10,7 @@ a typo must not leave a feature on unnoticed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from .errors import SettingsError
@@ -47,12 +48,13 @@ def decide(features: Mapping[str, bool], disable: Iterable[str],
     None when unset, empty for 'none')."""
     disable = tuple(disable)
     known = groups(features)
-    unknown = sorted((set(disable) | set(only or ())) - known)
-    if unknown:
-        raise SettingsError(
-            f"MEGATRON_MUSA_PATCH_DISABLE/ONLY name unknown features {unknown}; known features: "
-            f"{', '.join(sorted(features))} (a group such as "
-            f"{_a_group(features) or 'fused_ops'} names all of its features).")
+    for variable, names in (("DISABLE", disable), ("ONLY", only or ())):
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise SettingsError(
+                f"MEGATRON_MUSA_PATCH_{variable} names {_unknown(unknown, known)}; known "
+                f"features: {', '.join(sorted(features))} (a group such as "
+                f"{_a_group(features) or 'fused_ops'} names all of its features).")
     off, reasons = set(), {}
     for name, required in features.items():
         chain = ancestors(name)
@@ -70,3 +72,12 @@ def decide(features: Mapping[str, bool], disable: Iterable[str],
 def _a_group(features) -> Optional[str]:
     dotted = sorted(f for f in features if "." in f)
     return dotted[0].split(".")[0] if dotted else None
+
+
+def _unknown(unknown, known) -> str:
+    """The unknown names, each with the nearest known one where a typo is likely."""
+    said = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        said.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return ("an unknown feature " if len(said) == 1 else "unknown features ") + ", ".join(said)

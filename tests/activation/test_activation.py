@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, run_probe, run_python, subprocess_env
+from tests.conftest import FIXTURES, REPO, run_probe, run_python, subprocess_env
 
 MMP = shutil.which("mmp", path=os.path.dirname(sys.executable)) or shutil.which("mmp")
 PLUGINS = str(FIXTURES / "plugins")
@@ -127,7 +127,8 @@ def test_unknown_feature_toggle():
     proc = run_python("import megatron_musa_patch",
                       env=subprocess_env(MEGATRON_MUSA_PATCH_DISABLE="recompute_typo"))
     assert proc.returncode == 2
-    assert "unknown features ['recompute_typo']" in one_paragraph(proc.stderr)
+    assert ("DISABLE names an unknown feature 'recompute_typo' (did you mean 'recompute'?)"
+            in one_paragraph(proc.stderr))
 
 
 def test_disable_and_only_toggles_switch_features_off():
@@ -200,3 +201,30 @@ def test_multiprocessing_helpers_activate_on_their_first_torch_or_megatron_impor
         "megatron active=True",
         "parent torch=True",
     ]
+
+
+def test_a_refusal_in_the_start_up_hook_is_its_paragraph_not_a_fatal_error(tmp_path):
+    """The .pth hook activates while Python imports site: a SystemExit there was reported by
+    the interpreter as "Fatal Python error: init_import_site" with a traceback."""
+    proc = run_python("print('not reached')", cwd=tmp_path, env=subprocess_env(
+        MEGATRON_MUSA_PATCH="1", MEGATRON_MUSA_PATCH_DISABLE="fused_ops.rop"))
+    assert proc.returncode == 2
+    assert "Fatal Python error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.count("megatron_musa_patch: error: MEGATRON_MUSA_PATCH_DISABLE names") == 1
+    assert "not reached" not in proc.stdout
+
+
+def test_a_failure_in_the_start_up_hook_stops_the_process_with_its_traceback(tmp_path):
+    """Not a refusal: the traceback, then one line saying what failed and how to run without
+    the layer; never a process that goes on unpatched, never a fatal error."""
+    env = subprocess_env(MEGATRON_MUSA_PATCH="1",
+                         MEGATRON_MUSA_PATCH_PLUGINS="tests.activation.probes.broken_plugin",
+                         PYTHONPATH=str(REPO))
+    proc = run_python("print('not reached')", cwd=tmp_path, env=env)
+    assert proc.returncode == 1
+    assert "Fatal Python error" not in proc.stderr
+    assert "RuntimeError: a plugin's own bug" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith(
+        "megatron_musa_patch: error: the start-up hook (MEGATRON_MUSA_PATCH=1) failed to "
+        "activate the layer")
+    assert "not reached" not in proc.stdout
