@@ -38,14 +38,14 @@ EOF
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$REPO/examples/quickstart
-CI=0 PY="" WORKDIR="$PWD/quickstart-run" ITERS=40 CLONE=1
+CI=0 PY="" WORKDIR="$PWD/quickstart-run" ITERS=40 CLONE=1 OFF_SWITCH=--no-clone
 while [ $# -gt 0 ]; do
   case "$1" in
-    --ci|--offline) CI=1; CLONE=0 ;;
+    --ci|--offline) CI=1; CLONE=0; OFF_SWITCH=$1 ;;
     --python) PY=${2:?--python needs a path}; shift ;;
     --workdir) WORKDIR=${2:?--workdir needs a directory}; shift ;;
     --iters) ITERS=${2:?--iters needs a number}; shift ;;
-    --no-clone) CLONE=0 ;;
+    --no-clone) CLONE=0; OFF_SWITCH=--no-clone ;;
     -h|--help) usage; exit 0 ;;
     *) echo "quickstart: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -72,6 +72,25 @@ step() {
   printf '\n== [%s] %s\n' "$NSTEP" "$*"
 }
 die() { printf '\nquickstart: error: %s\n' "$*" >&2; exit 1; }
+
+# which training path this run takes, said before anything starts (the checkout's tag is known
+# once the environment is, in step 2; a cached checkout of any tag counts here)
+CACHE_ROOT=${MMP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/megatron_musa_patch}
+STOCK_CMD="MEGATRON_LM_PATH=/path/to/Megatron-LM bash examples/quickstart.sh $([ "$CI" = 1 ] \
+&& echo "$OFF_SWITCH" || echo --no-clone)"
+if [ -n "${MEGATRON_LM_PATH:-}" ]; then
+  echo "quickstart: training with the stock pretrain_gpt.py of MEGATRON_LM_PATH=$MEGATRON_LM_PATH"
+elif compgen -G "$CACHE_ROOT/Megatron-LM-core_v*/pretrain_gpt.py" >/dev/null; then
+  echo "quickstart: training with the stock pretrain_gpt.py of a cached checkout in $CACHE_ROOT"
+elif [ "$CLONE" = 1 ]; then
+  echo "quickstart: training with the stock pretrain_gpt.py of a Megatron-LM checkout cloned into \
+$CACHE_ROOT in step 2"
+elif [ "$CI" = 1 ]; then
+  echo "quickstart: no Megatron-LM checkout (MEGATRON_LM_PATH is unset, none in $CACHE_ROOT) and \
+$OFF_SWITCH: this run trains through megatron-core alone (examples/quickstart/train_core.py), not \
+the stock pretrain_gpt.py. For the stock path, with a checkout of your megatron-core's tag \
+(core_v0.16.1 ... core_v0.19.0): $STOCK_CMD"
+fi
 
 # --------------------------------------------------------------------------- 1. environment
 step "environment"
@@ -136,7 +155,7 @@ elif [ "$CLONE" = 1 ]; then
     WHY="git clone of https://github.com/NVIDIA/Megatron-LM failed (no git, or no access to GitHub)"
   fi
 else
-  WHY="MEGATRON_LM_PATH is unset, there is no checkout in $CACHE, and cloning is off ($([ "$CI" = 1 ] && echo --ci || echo --no-clone))"
+  WHY="MEGATRON_LM_PATH is unset, there is no checkout in $CACHE, and cloning is off ($OFF_SWITCH)"
 fi
 if [ -z "$LM" ] && [ "$CI" = 0 ]; then
   die "the training steps need Megatron-LM ($LM_TAG) and none was found: $WHY. Fix, either:
@@ -222,7 +241,7 @@ else
   echo "SKIPPED: the stock pretrain_gpt.py steps ($WHY)."
   echo "Training on the same data through the megatron-core path instead: megatron-core's own"
   echo "GPTDataset, GPT model and optimizer (examples/quickstart/train_core.py),"
-  echo "not the stock script."
+  echo "not the stock script. For the stock path: $STOCK_CMD"
   # the checkpoint in Megatron-LM's torch format, as the stock steps above: dist_checkpointing's
   # writer starts a multiprocessing Manager on each rank at the first save (7 s here)
   CORE=(--data-path "$DATA_PATH" --tokenizer-model tokenizer --tp 2 --iters "$ITERS"

@@ -234,6 +234,7 @@ def _install_excepthook() -> None:
     _PREVIOUS_HOOK = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
+        _report_error(exc)
         ours = find_own_error(exc)
         if ours is not None:
             rank = os.environ.get("RANK")
@@ -243,6 +244,17 @@ def _install_excepthook() -> None:
         _PREVIOUS_HOOK(exc_type, exc, tb)
 
     sys.excepthook = excepthook
+
+
+def _report_error(exc: BaseException) -> None:
+    """The error that ends this rank, with its time, for ``mmp run`` to say which rank failed
+    first (lib/elastic/reports.py)."""
+    rank = os.environ.get("RANK")
+    if _SESSION is None or rank is None or not rank.isdigit():
+        return
+    from .lib.elastic import reports
+
+    reports.write_error(_SESSION.settings.watchdog_dir, int(rank), exc)
 
 
 def find_own_error(exc: Optional[BaseException]) -> Optional[MegatronMusaPatchError]:

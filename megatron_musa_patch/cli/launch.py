@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from megatron_musa_patch.lib.elastic import reports
+from megatron_musa_patch.lib.heartbeat import Heartbeat
 from megatron_musa_patch.lib.elastic.agent import Elastic, driven
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.settings import PREFIX
@@ -54,16 +55,27 @@ def parser():
 
 
 def run(argv: List[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import run as torchrun
+    doing = ["importing torch (torchrun's options)"]
+    heartbeat = Heartbeat(_say, lambda elapsed: f"mmp run: {doing[0]} ({elapsed:.0f} s)",
+                          quiet_s=QUIET_S)
+    heartbeat.notice()
+    with heartbeat:  # handed to supervised() once the ranks start, which stops it
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import run as torchrun
 
-    args = parser().parse_args(argv)
-    script_args = list(args.training_script_args)
-    if not args.no_python and not args.module and not os.path.isfile(args.training_script):
-        raise ArgumentError(
-            f"mmp run: the training script {args.training_script} does not exist (relative to "
-            f"{os.getcwd()}). Fix the path (for Megatron-LM: $MEGATRON_LM_PATH/pretrain_gpt.py), "
-            f"or pass -m for a module.")
+        args = parser().parse_args(argv)
+        script_args = list(args.training_script_args)
+        if not args.no_python and not args.module and not os.path.isfile(args.training_script):
+            raise ArgumentError(
+                f"mmp run: the training script {args.training_script} does not exist (relative "
+                f"to {os.getcwd()}). Fix the path (for Megatron-LM: "
+                f"$MEGATRON_LM_PATH/pretrain_gpt.py), or pass -m for a module.")
+        if not args.no_python and not args.module:
+            doing[0] = f"checking {os.path.basename(args.training_script)}'s arguments"
+            code = check_arguments(args.training_script, script_args, args.nnodes,
+                                   args.nproc_per_node)
+            if code is not None:
+                return code
     # every Python process the job starts (data-loader or checkpoint workers too) activates
     os.environ["MEGATRON_MUSA_PATCH"] = "1"
     if not args.no_python:
@@ -72,16 +84,57 @@ def run(argv: List[str]) -> int:
         args.training_script = "megatron_musa_patch.cli.run_worker"
         args.module = True
     try:
-        with supervised(script_args, args.max_restarts):
+        with supervised(script_args, args.max_restarts, heartbeat=heartbeat):
             torchrun(args)
     except ChildFailedError:
         return 1
     return 0
 
 
+#: the launcher says what it is doing after this long without a line
+QUIET_S = 5.0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def check_arguments(script: str, script_args: List[str], nnodes: str,
+                    nproc_per_node: str) -> Optional[int]:
+    """Megatron's parser and validate_args on the script's arguments before any rank starts
+    (``args_check``): the exit status when the job must not start (2: refused, said once; 0:
+    ``--help`` printed), None to start the ranks."""
+    from . import args_check
+
+    ranks = args_check.world_size(nnodes, nproc_per_node)
+    name = os.path.basename(script)
+    if ranks is None or not args_check.wanted(script):
+        print(f"mmp run: starting {name} ({_ranks_said(nnodes, nproc_per_node)})", flush=True)
+        return None
+    local = ranks // max(int(str(nnodes).split(":", 1)[0]), 1)
+    print(f"mmp run: checking {name}'s arguments with Megatron's parser for {ranks} ranks, then "
+          f"starting them", flush=True)
+    verdict = args_check.check(script, script_args, ranks, local)
+    if verdict.status == "refused":
+        print(verdict.text, file=sys.stderr, flush=True)
+        return 2
+    if verdict.status == "printed":
+        print(verdict.text, end="", flush=True)
+        return 0
+    if verdict.status == "unknown":  # the ranks will tell; say why the launcher could not
+        print(f"mmp run: the arguments were not checked before the start ({verdict.text})",
+              flush=True)
+    return None
+
+
+def _ranks_said(nnodes: str, nproc_per_node: str) -> str:
+    return f"--nnodes {nnodes} --nproc-per-node {nproc_per_node}"
+
+
 @contextmanager
 def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp run",
-               restarter: str = "torchrun", elastic: Optional[Elastic] = None):
+               restarter: str = "torchrun", elastic: Optional[Elastic] = None,
+               heartbeat: Optional[Heartbeat] = None):
     """The launcher's side of a job while torch's elastic agent (or one derived from it) runs
     it in this process: a fresh store per attempt, the ranks' hang watchdog reports
     (features/hang_watchdog.py) collected in a directory and said before each restart, and when
@@ -98,16 +151,29 @@ def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp r
     def on_restart(failures, restart, most):
         stop_leftovers(failure.pid for failure in failures.values())
         print(failure_report(failures, script_args, reports.read(report_dir),
-                             restart=(restart, most), **said), file=sys.stderr, flush=True)
+                             restart=(restart, most), errors=reports.read_errors(report_dir),
+                             **said), file=sys.stderr, flush=True)
         reports.clear(report_dir)
 
+    from megatron_musa_patch.features.startup_progress import LAUNCHER_SAID, STARTED
+
+    # the launcher's progress lines go on until rank 0 says what it does itself
+    # (features/startup_progress.py)
+    starting = heartbeat or Heartbeat(_say, None, quiet_s=QUIET_S).start()
+    starting.describe = lambda elapsed: (f"{launcher}: the ranks are starting (each imports "
+                                         f"torch and Megatron; {elapsed:.0f} s)")
+    starting.until = lambda: os.path.exists(os.path.join(report_dir, STARTED))
+    with open(os.path.join(report_dir, LAUNCHER_SAID), "w", encoding="utf-8") as f:
+        f.write(repr(starting.last_output()))
     try:
-        with driven(on_restart, elastic, lambda pid: reports.mark_frozen(report_dir, pid)):
+        with driven(on_restart, elastic, lambda pid: reports.mark_frozen(report_dir, pid)), \
+                starting:
             yield
     except elastic.child_failed as exc:
         stop_leftovers(failure.pid for failure in exc.failures.values())
         print(failure_report(exc.failures, script_args, reports.read(report_dir),
-                             max_restarts=max_restarts, **said), file=sys.stderr, flush=True)
+                             max_restarts=max_restarts, errors=reports.read_errors(report_dir),
+                             **said), file=sys.stderr, flush=True)
         raise
     finally:
         if own_dir:
@@ -240,7 +306,8 @@ def _order(item):
 def failure_report(failures: Dict[int, object], script_args: List[str],
                    watchdog: Optional[Dict[int, "reports.RankReport"]] = None, *,
                    restart: Optional[tuple] = None, max_restarts: int = 0,
-                   launcher: str = "mmp run", restarter: str = "torchrun") -> str:
+                   launcher: str = "mmp run", restarter: str = "torchrun",
+                   errors: Optional[Dict[int, "reports.ErrorReport"]] = None) -> str:
     """The paragraph the launcher (``mmp run``) prints when ranks failed: the rank that failed
     first and how (what the hang watchdog reports say, when one fired), the others, and where a
     restart resumes; ``restart=(k, n)`` before the k-th of n restarts (by ``restarter``),
@@ -252,7 +319,7 @@ def failure_report(failures: Dict[int, object], script_args: List[str],
     if found is not None:
         text = "\n".join(stacks + [f"{launcher}: {found}"])
     else:
-        text = _exit_statuses(failures, launcher)
+        text = _exit_statuses(failures, launcher, errors or {})
     if restart is not None:
         done, most = restart
         return (f"{text} {restarter} restarts the group (restart {done} of {most}). "
@@ -262,12 +329,23 @@ def failure_report(failures: Dict[int, object], script_args: List[str],
     return text + " " + _resume_hint(script_args)
 
 
-def _exit_statuses(failures: Dict[int, object], launcher: str) -> str:
-    """The rank that failed first and how, from the exit statuses alone."""
-    ranked = sorted(failures.items(), key=_order)
+def _exit_statuses(failures: Dict[int, object], launcher: str,
+                   errors: Dict[int, "reports.ErrorReport"]) -> str:
+    """The rank that failed first and how: from the ranks' own error reports when there are
+    any (the first error in time, a lost connection only when nothing else was reported), from
+    the exit statuses otherwise."""
+    first_error = reports.first_error({r: e for r, e in errors.items() if r in failures})
+    if first_error is not None:
+        ranked = sorted(failures.items(), key=lambda item: (item[0] != first_error.rank,) +
+                        _order(item))
+    else:
+        ranked = sorted(failures.items(), key=_order)
     first_rank, first = ranked[0]
     where = f"local rank {first.local_rank}, pid {first.pid}"
-    if first.exitcode < 0 and -first.exitcode != signal.SIGTERM:
+    if first_error is not None:
+        lead = (f"rank {first_rank} ({where}) failed first, with {first_error.said()} (its "
+                f"traceback is printed above)")
+    elif first.exitcode < 0 and -first.exitcode != signal.SIGTERM:
         lead = (f"rank {first_rank} ({where}) was {_how(first.exitcode)}: it did not fail on its "
                 f"own, something outside the job ended it (the out-of-memory killer, the "
                 f"scheduler, a user)")
@@ -276,12 +354,18 @@ def _exit_statuses(failures: Dict[int, object], launcher: str) -> str:
                f"is printed above"
     else:
         lead = f"rank {first_rank} ({where}) was {_how(first.exitcode)} from outside the job"
-    others = [f"rank {r} ({_how(f.exitcode)})" for r, f in ranked[1:]]
+    others = [_other(r, f, errors.get(r)) for r, f in ranked[1:]]
     text = f"{launcher}: {lead}."
     if others:
-        text += (f" The other ranks were stopped because of it: {', '.join(others)} (errors "
-                 f"they printed, such as a lost connection, follow from it).")
+        text += (f" The other ranks were stopped because of it: {', '.join(others)}; errors "
+                 f"they printed, such as a lost connection, follow from it.")
     return text
+
+
+def _other(rank: int, failure, error: Optional["reports.ErrorReport"]) -> str:
+    if error is not None and error.lost_connection():
+        return f"rank {rank} ({_how(failure.exitcode)}: it lost its connection)"
+    return f"rank {rank} ({_how(failure.exitcode)})"
 
 
 def _flag_value(args: List[str], flag: str) -> Optional[str]:

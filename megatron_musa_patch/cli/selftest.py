@@ -21,6 +21,9 @@ import sys
 import tempfile
 from typing import Dict, List
 
+from megatron_musa_patch.core import settings
+from megatron_musa_patch.lib.heartbeat import Heartbeat
+
 #: layout name -> worker flags; each runs on 2 ranks
 LAYOUTS: Dict[str, List[str]] = {
     "tp2": ["--tp", "2"],
@@ -65,7 +68,26 @@ def parse(argv):
     return parser().parse_args(argv)
 
 
-def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float) -> dict:
+def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float,
+               name: str = "", shown: List[str] = ()) -> dict:
+    """One torchrun launch of the worker; ``name`` (and its own flags, ``shown``) is said when
+    it starts and while it runs."""
+    print(f"mmp selftest: {name or 'reference'} on {nproc} rank{'s' if nproc > 1 else ''}"
+          f"{' (' + ' '.join(shown) + ')' if shown else ''}", flush=True)
+    with Heartbeat(_say, lambda elapsed: f"mmp selftest: {name or 'reference'} still running "
+                                         f"({elapsed:.0f} s)", quiet_s=QUIET_S):
+        return _run_worker(nproc, flags, out, workdir, timeout)
+
+
+#: a line after this long without one
+QUIET_S = 5.0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "megatron_musa_patch.cli.selftest_worker",
            *flags, "--out", out]
@@ -105,11 +127,13 @@ def main(argv=None) -> int:
     init = os.path.join(workdir, "init")
     try:
         ref = run_worker(1, common + ["--save-init", init],
-                         os.path.join(workdir, "reference.json"), workdir, opts.timeout)
+                         os.path.join(workdir, "reference.json"), workdir, opts.timeout,
+                         name=f"reference ({opts.model} model)")
     except RuntimeError as exc:
         print(f"mmp selftest: error: {exc}", file=sys.stderr)
         return 1
-    print(ref["patch_table"])
+    full = settings.from_env().log == "full" or ref.get("patch_failed", True)
+    print(ref["patch_table"] if full else ref["patch_summary"])
     print(f"\nreference ({opts.model} model, 1 rank, {ref['device']}): losses "
           + " ".join(f"{x:.6f}" for x in ref["losses"]))
     results = {"device": ref["device"], "reference": ref["losses"], "layouts": {}}
@@ -119,7 +143,8 @@ def main(argv=None) -> int:
     for name in layouts:
         try:
             res = run_worker(2, common + ["--load-init", init] + LAYOUTS[name],
-                             os.path.join(workdir, f"{name}.json"), workdir, opts.timeout)
+                             os.path.join(workdir, f"{name}.json"), workdir, opts.timeout,
+                             name=name, shown=LAYOUTS[name])
         except RuntimeError as exc:
             print(f"{name:14} FAILED\n{exc}")
             failed.append(name)

@@ -75,12 +75,17 @@ def main(argv=None):
 
     if torch.distributed.get_rank() == 0:
         from megatron_musa_patch import active_session
-        from megatron_musa_patch.core.table import render_table
+        from megatron_musa_patch.core.results import FAILED
+        from megatron_musa_patch.core.table import render_table, summary
 
+        session = active_session()
         with open(opts.out, "w") as f:
             json.dump({"layout": vars(opts), "world_size": torch.distributed.get_world_size(),
-                       "device": active_session().device.name, "losses": losses,
-                       "step_seconds": times, "patch_table": render_table(active_session())}, f)
+                       "device": session.device.name, "losses": losses,
+                       "step_seconds": times, "patch_table": render_table(session),
+                       "patch_summary": summary(session),
+                       "patch_failed": any(r.status == FAILED
+                                           for r in session.registry.results())}, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -37,6 +37,11 @@ class Session:
     torch_mapping: Any = None
     #: feature -> the argparse actions its ``mmp_add_arguments`` added
     flag_owners: Dict[str, list] = dataclasses.field(default_factory=dict)
+    #: dest -> default of every action of Megatron's parser in this run (Megatron's groups, the
+    #: script's and the plugins'), recorded when Megatron parses the arguments
+    argument_defaults: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: option string (``--num-layers``) -> dest, for the same parser
+    argument_flags: Dict[str, str] = dataclasses.field(default_factory=dict)
     table_logged: bool = False
     _states: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -87,11 +92,17 @@ class Session:
         return os.environ.get("RANK", "0") == "0"
 
     def log_table_once(self) -> None:
-        """The patch table on rank 0, once (when Megatron's modules are imported)."""
+        """What rank 0 says about the layer, once (when Megatron's modules are imported): one
+        line, or with ``MEGATRON_MUSA_PATCH_LOG=full`` or a failed patch the whole table."""
         if self.table_logged:
             return
         self.table_logged = True
         if self.is_rank_zero():
-            from .table import render_table
+            from .results import FAILED
+            from .table import render_table, summary
 
-            print(render_table(self, collapse=True), flush=True)
+            failed = any(r.status == FAILED for r in self.registry.results())
+            if self.settings.log == "full" or failed:
+                print(render_table(self, collapse=True), flush=True)
+            else:
+                print(summary(self), flush=True)

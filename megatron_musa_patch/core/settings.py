@@ -71,6 +71,14 @@ VARIABLES = (
     Variable(f"{PREFIX}_TORCHADA", _TRUE + _FALSE, "1",
              "on the musa row, torch-level mapping by torchada (the musa extra); 0: the layer's "
              "built-in mapping"),
+    Variable(f"{PREFIX}_LOG", ("brief", "full"), "brief",
+             "what a rank prints about the layer: brief (one line; the patch table only when a "
+             "patch failed; upstream's warnings that TransformerEngine or Apex is missing as one "
+             "line saying what runs instead), full (the patch table and upstream's warnings as "
+             "they are)"),
+    Variable(f"{PREFIX}_ARGS_CHECK", _TRUE + _FALSE, "1",
+             "`mmp run` checks a Megatron script's arguments with Megatron's own parser before "
+             "any rank starts (0: the ranks check them, each on its own)"),
     Variable(f"{PREFIX}_WATCHDOG_DIR", (), "",
              "where each rank's hang watchdog writes its report (`mmp run` sets it and reads "
              "them; unset: the stack goes to the rank's stderr)"),
@@ -128,6 +136,10 @@ class Settings:
     mt_env: Tuple[Tuple[str, str], ...] = ()
     #: MEGATRON_MUSA_PATCH_WATCHDOG_DIR (None: unset)
     watchdog_dir: Optional[str] = None
+    #: MEGATRON_MUSA_PATCH_LOG: "brief" or "full"
+    log: str = "brief"
+    #: MEGATRON_MUSA_PATCH_ARGS_CHECK
+    args_check: bool = True
 
     def changed(self) -> dict:
         """The variables whose value differs from the default (``mmp doctor``)."""
@@ -141,7 +153,8 @@ class Settings:
                f"{PREFIX}_KERNELS": "1" if self.kernels else "0",
                f"{PREFIX}_TORCHADA": "1" if self.torchada else "0",
                f"{PREFIX}_ALLOW_LATE": "1" if self.allow_late else "0",
-               f"{PREFIX}_ALLOW_UNVERIFIED": "1" if self.allow_unverified else "0"}
+               f"{PREFIX}_ALLOW_UNVERIFIED": "1" if self.allow_unverified else "0",
+               f"{PREFIX}_LOG": self.log, f"{PREFIX}_ARGS_CHECK": "1" if self.args_check else "0"}
         for name, values in ((f"{PREFIX}_DISABLE", self.disable),
                              (f"{PREFIX}_PLUGINS", self.plugins),
                              (f"{PREFIX}_BLOCK_PLUGINS", self.block_plugins)):
@@ -221,4 +234,6 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         mt_env=tuple((name, environ[name].strip()) for name in MT_VARIABLES
                      if environ.get(name, "").strip()),
         watchdog_dir=environ.get(f"{PREFIX}_WATCHDOG_DIR", "").strip() or None,
+        log=_value(environ, f"{PREFIX}_LOG"),
+        args_check=_flag(environ, f"{PREFIX}_ARGS_CHECK"),
     )

@@ -21,6 +21,18 @@ def header(state) -> str:
     )
 
 
+def summary(state) -> str:
+    """The one line a launch prints about the layer (``MEGATRON_MUSA_PATCH_LOG=brief``)."""
+    v = state.versions()
+    counts = collections.Counter(r.status for r in state.registry.results())
+    said = ", ".join(f"{counts[s]} {s}" for s in (APPLIED, UNVERIFIED, DEFERRED, SKIPPED, FAILED)
+                     if counts[s] or s in (APPLIED, FAILED))
+    return (f"megatron_musa_patch {v['megatron_musa_patch'] or '(source)'} on "
+            f"{state.device.name} ({state.device.backend}) | torch {v['torch']} | megatron-core "
+            f"{v['megatron-core']} | patches: {said} (`mmp patches` lists them; "
+            f"MEGATRON_MUSA_PATCH_LOG=full prints the table here)")
+
+
 def shown_id(row: PatchResult) -> str:
     """The id as the table shows it: with the version range of a variant."""
     return f"{row.id} [{row.variant}]" if row.variant else row.id

@@ -58,6 +58,8 @@ def _parse_args(session, wrapped, instance, args, kwargs):
         if user_provider is not None:
             parser = user_provider(parser) or parser
         add_plugin_arguments(session, parser)
+        session.argument_defaults = {a.dest: a.default for a in parser._actions}
+        session.argument_flags = {o: a.dest for a in parser._actions for o in a.option_strings}
         return parser
 
     call["extra_args_provider"] = provider

@@ -65,7 +65,31 @@ def test_data_steps(ci_run):
 def test_stock_steps_are_reported_skipped(ci_run):
     proc, _ = ci_run
     assert "SKIPPED: the stock pretrain_gpt.py steps (MEGATRON_LM_PATH is unset" in proc.stdout
+    assert "cloning is off (--ci)" in proc.stdout
     assert "megatron-core path" in proc.stdout
+
+
+def test_the_path_and_the_stock_command_are_said_before_anything_starts(tmp_path):
+    # the first line, before the environment step; the switch is named as it was typed
+    proc = quickstart("--offline", "--python", "/nonexistent/python", "--workdir",
+                      str(tmp_path / "run"), cache=tmp_path / "empty-cache")
+    first = " ".join(proc.stdout.split("== [1] environment")[0].split())
+    assert first.startswith("quickstart: no Megatron-LM checkout (MEGATRON_LM_PATH is unset, none "
+                            "in "), proc.stdout[-2000:]
+    assert "and --offline: this run trains through megatron-core alone " \
+           "(examples/quickstart/train_core.py), not the stock pretrain_gpt.py." in first
+    assert first.endswith("For the stock path, with a checkout of your megatron-core's tag "
+                          "(core_v0.16.1 ... core_v0.19.0): MEGATRON_LM_PATH=/path/to/Megatron-LM "
+                          "bash examples/quickstart.sh --offline")
+    # with a checkout it says so instead
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "pretrain_gpt.py").write_text("")
+    proc = quickstart("--offline", "--python", "/nonexistent/python", "--workdir",
+                      str(tmp_path / "run"), cache=tmp_path / "empty-cache",
+                      MEGATRON_LM_PATH=str(lm))
+    assert proc.stdout.startswith(f"quickstart: training with the stock pretrain_gpt.py of "
+                                  f"MEGATRON_LM_PATH={lm}")
 
 
 def train_core(run, data_path, *args):

@@ -48,3 +48,12 @@ def test_selftest_reports_and_exits_cleanly(selftest):
     proc, result = selftest
     assert result["ok"] and proc.returncode == 0
     assert "selftest passed" in proc.stdout and "patches:" in proc.stdout
+    lines = proc.stdout.splitlines()
+    # each run is named as it starts, before its result; the layer is one line, not its table
+    assert lines[0] == "mmp selftest: reference (dense model) on 1 rank"
+    for layout in LAYOUTS:
+        start = lines.index(next(l for l in lines if l.startswith(f"mmp selftest: {layout} on "
+                                                                  f"2 ranks")))
+        assert lines.index(next(l for l in lines if l.startswith(f"{layout} "))) > start
+    assert "status     patch" not in proc.stdout
+    assert sum(l.startswith("megatron_musa_patch ") and "patches:" in l for l in lines) == 1

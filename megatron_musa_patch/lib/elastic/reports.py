@@ -1,4 +1,9 @@
-"""What the ranks' watchdog reports say about a failed attempt: which rank stopped, where.
+"""What the ranks' reports say about a failed attempt: which rank stopped, where, and which
+error came first.
+
+A rank whose exception reaches the top leaves an error report (``write_error``: its type, its
+message and the time); :func:`first_error` picks the one that came first, passing over the lost
+connections that a peer's failure causes on the other ranks.
 
 A report (``watchdog.HEADER``) names the last deadline the rank armed; after ``Timeout (``
 follow its stacks, written when that deadline passed, or, without that line, the stacks it
@@ -182,4 +187,88 @@ def diagnosis(reports: Dict[int, RankReport], exit_codes: Dict[int, int]) -> Opt
     return "; ".join(parts) + "."
 
 
-__all__ = ["HEADER", "RankReport", "read", "clear", "mark_frozen", "diagnosis"]
+
+
+# ----------------------------------------------------------------------------- errors
+
+#: how a rank's error report is named in the report directory
+_ERROR = "error-rank{rank}-{pid}.json"
+#: what a rank says when a peer's process or process group went away: it follows another
+#: rank's failure (gloo, NCCL/MCCL, the c10d store, the OS), it is not one of its own
+_LOST_CONNECTION = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|connection refused|Socket Timeout|"
+    r"communicator was aborted|NCCL error|MCCL error|remote process exited|recvValue|"
+    r"failed to recv|Connection closed|DistNetworkError|peer .* closed", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorReport:
+    """The exception that ended a rank, as the rank said it when it reached the top."""
+
+    rank: int
+    pid: int
+    #: ``time.time()`` when the rank reported it
+    time: float
+    kind: str
+    message: str
+
+    def lost_connection(self) -> bool:
+        return self.kind in ("DistNetworkError", "DistBackendError") or bool(
+            _LOST_CONNECTION.search(self.message))
+
+    def said(self) -> str:
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        text = f"{self.kind}: {first}" if first else self.kind
+        return text if len(text) <= 160 else text[:157] + "..."
+
+
+def write_error(report_dir: Optional[str], rank: int, exc: BaseException) -> None:
+    """Leave ``exc`` in the report directory (``mmp run`` reads it to say who failed first)."""
+    if not report_dir or not os.path.isdir(report_dir):
+        return
+    import json
+    import time
+
+    report = {"rank": rank, "pid": os.getpid(), "time": time.time(),
+              "kind": type(exc).__name__, "message": str(exc)[:2000]}
+    path = os.path.join(report_dir, _ERROR.format(rank=rank, pid=os.getpid()))
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def read_errors(report_dir: Optional[str]) -> Dict[int, ErrorReport]:
+    """The ranks' error reports, the first per rank."""
+    import json
+
+    found: Dict[int, ErrorReport] = {}
+    if not report_dir or not os.path.isdir(report_dir):
+        return found
+    for name in sorted(os.listdir(report_dir)):
+        if not (name.startswith("error-rank") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(report_dir, name), encoding="utf-8") as f:
+                report = ErrorReport(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue
+        if report.rank not in found or report.time < found[report.rank].time:
+            found[report.rank] = report
+    return found
+
+
+def first_error(errors: Dict[int, ErrorReport]) -> Optional[ErrorReport]:
+    """The error that came first: the earliest that is not a lost connection (a peer's failure
+    shows as one on every other rank, sometimes before the failing rank reports its own), else
+    the earliest."""
+    if not errors:
+        return None
+    own = [e for e in errors.values() if not e.lost_connection()]
+    return min(own or errors.values(), key=lambda e: (e.time, e.rank))
+
+
+__all__ = ["HEADER", "RankReport", "read", "clear", "mark_frozen", "diagnosis", "ErrorReport",
+           "write_error", "read_errors", "first_error"]

@@ -1,0 +1,116 @@
+"""Rank 0 says what it is doing whenever it has printed nothing for 5 s while it starts.
+
+Between a launch and the first iteration a rank imports torch and Megatron, joins the process
+group, builds the model, the optimizer and the datasets' indices, and runs a first step that may
+compile; on a small machine any of these can take tens of seconds without a line. Here rank 0 (of
+a job started by torchrun, ``mmp run`` or another elastic agent) prints
+``megatron_musa_patch: rank 0 is <what> (<s> s since its start)`` after each 5 s without output,
+from its main thread's stack (``lib/heartbeat.py``), until its first training step is done.
+Output is noticed through ``sys.stdout``/``sys.stderr``, which rank 0 writes through a proxy.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+from megatron_musa_patch.lib.heartbeat import Heartbeat, NoticingStream, describe_stack, \
+    main_thread_frame
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.feature import feature
+
+FEATURE = feature(
+    __name__,
+    "rank 0 says what it is doing (importing, initialising, building the model or the data, "
+    "the first step) after each 5 s without output while it starts")
+
+#: the releases this feature's records were verified on (docs/compatibility.md)
+VERIFIED_MEGATRON = ">=0.16.1,<0.20"
+QUIET_S = 5.0
+#: a script that never calls Megatron's train_step is not followed longer than this
+MOST_S = 1800.0
+
+#: Megatron's functions on a starting rank's stack, innermost first wins (the names are the same
+#: on every supported release; a missing one only makes the line less specific)
+PHASES = {
+    "parse_args": "parsing the arguments",
+    "validate_args": "checking the arguments",
+    "_initialize_distributed": "joining the process group (torch.distributed)",
+    "_compile_dependencies": "preparing Megatron's dataset helpers and fused kernels",
+    "initialize_megatron": "initialising Megatron",
+    "load_checkpoint": "loading the checkpoint",
+    "setup_model_and_optimizer": "building the model and the optimizer",
+    "build_train_valid_test_data_iterators": "building the datasets and their sample indices",
+    "train_step": "running the first training step",
+    "evaluate": "evaluating",
+    "save_checkpoint": "saving a checkpoint",
+}
+
+
+def launched_rank_zero():
+    """Condition: rank 0 of a job an elastic agent started (not ``mmp doctor``, not a script
+    run by hand), else why not."""
+    if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:
+        return True
+    return "not rank 0 of a job started by torchrun or another elastic agent"
+
+
+@hookimpl
+def mmp_register_patches(session, registry):
+    heartbeat = Heartbeat(_say, _describe, quiet_s=QUIET_S, most_s=MOST_S)
+    for name in ("stdout", "stderr"):
+        registry.add(Patch(
+            f"startup_progress.{name}", f"sys:{name}", "attribute",
+            NoticingStream(getattr(sys, name), heartbeat.written), FEATURE.name,
+            condition=launched_rank_zero,
+            why=f"rank 0's {name} notices output, so a progress line comes only after "
+                f"{QUIET_S:.0f} s without one", megatron=VERIFIED_MEGATRON))
+    registry.add(Patch(
+        "startup_progress.first_step", "megatron.training.training:train_step", "wrap",
+        functools.partial(_train_step, heartbeat), FEATURE.name, condition=launched_rank_zero,
+        why="the progress lines end with the first training step", megatron=VERIFIED_MEGATRON))
+    # the lines themselves come from a thread of this rank, started with the layer
+    if launched_rank_zero() is True and not registry.toggles.is_off(FEATURE.name):
+        heartbeat.start()
+        take_over(heartbeat, session.settings.watchdog_dir)
+
+
+#: files in the launcher's report directory (``mmp run``): rank 0 leaves STARTED once it says
+#: what it does itself; the launcher leaves LAUNCHER_SAID, the time of its last line
+STARTED = "rank0-started"
+LAUNCHER_SAID = "launcher-said"
+
+
+def take_over(heartbeat: Heartbeat, report_dir) -> None:
+    """Go on from the launcher's last line (its next is due 5 s after it, whoever says it), and
+    tell the launcher, which says the ranks are starting until then, that rank 0 is up."""
+    if not report_dir or not os.path.isdir(report_dir):
+        return
+    try:
+        with open(os.path.join(report_dir, LAUNCHER_SAID), encoding="utf-8") as f:
+            heartbeat.written_at(float(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    try:
+        open(os.path.join(report_dir, STARTED), "w").close()
+    except OSError:
+        pass
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _describe(elapsed: float) -> str:
+    frame = main_thread_frame()
+    what = describe_stack(frame, PHASES) if frame is not None else "starting"
+    return f"megatron_musa_patch: rank 0 is {what} ({elapsed:.0f} s since its start)"
+
+
+def _train_step(heartbeat, wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        heartbeat.stop()
