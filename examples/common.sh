@@ -74,17 +74,22 @@ TRANSFORMER_IMPL_ARGS=(
 )
 
 # data_args TOKENIZER_TYPE: DATA_ARGS for DATA_PATH (weighted prefixes, e.g. `mmp data blend`)
-# and TOKENIZER_MODEL; a tiny variant without DATA_PATH trains on mock data.
+# and TOKENIZER_MODEL; a tiny variant without DATA_PATH trains on mock data. SPLIT (train,
+# validation, test shares of the documents) follows EVAL_ITERS unless set: 99,1,0 with
+# evaluation, 100,0,0 without (EVAL_ITERS=0, the tiny variants), as Megatron still builds a
+# validation dataset that nothing reads, and on a small corpus one with no document or sample.
 data_args() {
   if [ -n "${DATA_PATH:-}" ]; then
     [ -n "${TOKENIZER_MODEL:-}" ] || die "DATA_PATH is set: also set TOKENIZER_MODEL (and \
 TOKENIZER_TYPE if it is not $1)"
+    local split=99,1,0
+    [ "${EVAL_ITERS:-0}" != 0 ] || split=100,0,0
     # shellcheck disable=SC2206 - DATA_PATH is a list of weights and prefixes
     DATA_ARGS=(
       --data-path $DATA_PATH
       --tokenizer-type "${TOKENIZER_TYPE:-$1}"
       --tokenizer-model "$TOKENIZER_MODEL"
-      --split "${SPLIT:-99,1,0}"
+      --split "${SPLIT:-$split}"
       --data-cache-path "$WORK_HOME/data-cache"
     )
   elif [ "$TINY" = 1 ]; then

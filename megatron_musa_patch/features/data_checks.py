@@ -1,4 +1,5 @@
-"""Training data checked where megatron-core opens it (``GPTDataset.build_low_level_dataset``).
+"""Training data checked where megatron-core builds its datasets: the split before any index, then
+each prefix where it is opened (``GPTDataset.build_low_level_dataset``).
 
 Upstream opens each ``--data-path`` prefix with ``IndexedDataset`` and trusts it: a missing pair
 fails with an AttributeError from ``__del__``, a truncated ``.bin`` with a numpy buffer error,
@@ -9,16 +10,24 @@ checks it (both files present, sizes consistent, not empty), and its token ids a
 the training tokenizer's ``vocab_size`` (all of them up to ``SCAN_TOKENS`` per file, evenly spaced
 windows beyond that), so data tokenized with another vocabulary stops the job at start-up with
 the file, the document and the fix.
+
+Before that, when ``BlendedMegatronDatasetBuilder.build`` starts and before it builds any index,
+a ``--split`` that leaves a dataset with no document of a prefix while samples are asked of it
+(``data.splits``) is refused: upstream never finishes building that dataset's index. Every rank
+finds it; rank 0 says it, and the others wait for the launcher to stop them, so the paragraph is
+printed once.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 import numpy as np
 
 from megatron_musa_patch.upstream.binding import call_arguments
+from megatron_musa_patch.data import splits
 from megatron_musa_patch.data.errors import DataError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.records import Patch
@@ -27,7 +36,7 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--data-path pairs checked at start-up: present, undamaged, token ids within the "
-    "tokenizer's vocabulary")
+    "tokenizer's vocabulary; a --split that leaves a dataset with no document refused")
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
@@ -35,6 +44,9 @@ VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 #: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids
 SCAN_TOKENS = 1 << 26
 _WINDOWS = 64
+#: how long a rank other than 0 that found an empty split waits for the launcher to stop it
+#: (rank 0 raises the same error, which ends the job) before it raises the error itself
+OTHER_RANKS_WAIT_S = 60.0
 
 
 @hookimpl
@@ -47,6 +59,34 @@ def mmp_register_patches(session, registry):
         functools.partial(_build_low_level_dataset, checked), FEATURE.name,
         why="check each --data-path pair and its token ids against the tokenizer",
         megatron=VERIFIED_MEGATRON))
+    registry.add(Patch(
+        "data_checks.empty_split",
+        "megatron.core.datasets.blended_megatron_dataset_builder:"
+        "BlendedMegatronDatasetBuilder.build", "wrap",
+        functools.partial(_build_datasets, session.is_rank_zero, time.sleep), FEATURE.name,
+        why="refuse a --split that gives a dataset no document while samples are asked of it "
+            "(upstream loops forever building its index)",
+        megatron=VERIFIED_MEGATRON))
+
+
+def _build_datasets(is_rank_zero, sleep, wrapped, instance, args, kwargs):
+    found = empty_split_datasets(instance.cls, instance.sizes, instance.config)
+    if found:
+        error = DataError(splits.message(found, instance.config.split))
+        if not is_rank_zero():
+            sleep(OTHER_RANKS_WAIT_S)
+        raise error
+    return wrapped(*args, **kwargs)
+
+
+def empty_split_datasets(cls, sizes, config):
+    """What ``data.splits.empty_datasets`` finds for a GPT dataset class (whose split counts
+    sequences); nothing for other classes."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    if not (isinstance(cls, type) and issubclass(cls, GPTDataset)):
+        return []
+    return splits.empty_datasets(sizes, config)
 
 
 def _build_low_level_dataset(checked, wrapped, instance, args, kwargs):

@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parents[2] / "megatron_musa_patch" / "data"
 #: bottom to top; a module may import modules of the layers below its own, not of its own or above
 LAYERS = [
     {"errors", "types", "indexfile", "manifest", "progress", "reference", "bytelevel"},
-    {"inputs", "tokenizer", "writer"},
+    {"inputs", "tokenizer", "writer", "splits"},
     {"light", "train_tokenizer", "blend"},
     {"encode"},
     {"prepare"},

@@ -97,6 +97,76 @@ def test_deepseek_tiny_is_mla_and_moe(lm_path, tmp_path):
     assert "upstream counts the MLA q/kv RMSNorms as GEMM FLOPs" in log
 
 
+def small_corpus(root, documents=50):
+    """A tokenizer trained offline and ``documents`` short documents prepared and blended with
+    `mmp data`, as a user's first corpus; returns (DATA_PATH, TOKENIZER_MODEL)."""
+    from tests.data.mmp_data_helpers import make_docs, write_jsonl
+
+    (root / "corpus").mkdir(parents=True)
+    write_jsonl(root / "corpus" / "docs.jsonl", make_docs(documents, seed=3, empties=False))
+    mmp = [os.path.join(os.path.dirname(sys.executable), "mmp"), "data"]
+    steps = [["train-tokenizer", "--input", root / "corpus", "--output-dir", root / "tok",
+              "--vocab-size", "600", "--min-frequency", "1"],
+             ["prepare", "--input", root / "corpus", "--output-dir", root / "data",
+              "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", root / "tok",
+              "--append-eod", "--workers", "1"],
+             ["blend", root / "data"]]
+    for step in steps:
+        proc = subprocess.run([*mmp, *map(str, step)], env=subprocess_env(), capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{documents} documents" in proc.stderr, proc.stderr
+    return proc.stdout.strip(), root / "tok"
+
+
+@stock
+def test_tiny_variant_trains_on_a_50_document_corpus(lm_path, tmp_path):
+    """As the script stands, on real data too small for a 1% validation share: with
+    EVAL_ITERS=0 it asks for no validation share (upstream would spin building an empty one)."""
+    data_path, tokenizer = small_corpus(tmp_path / "c")
+    proc = run_script(REPO / "examples" / "llama3_8b" / "pretrain_llama3_8b_tiny.sh", lm_path,
+                      tmp_path, timeout=300, DATA_PATH=data_path, TOKENIZER_MODEL=tokenizer)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    command = proc.stdout.splitlines()[0]
+    assert f"--data-path {data_path} " in command and "--mock-data" not in command
+    assert "--split 100,0,0" in command
+    losses = {int(i): float(v) for i, v in LOSS.findall(log)}
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) and 0 < v < 20
+                                               for v in losses.values()), losses
+
+
+def split_given(tmp_path, script, **env):
+    """The --split a model script passes to pretrain_gpt.py, read from the command it prints
+    (a stand-in `mmp` ends the run there; no Megatron is needed)."""
+    bin_dir, lm = tmp_path / "bin", tmp_path / "lm"
+    bin_dir.mkdir(exist_ok=True)
+    lm.mkdir(exist_ok=True)
+    (lm / "pretrain_gpt.py").write_text("")
+    (bin_dir / "mmp").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "mmp").chmod(0o755)
+    run_env = subprocess_env(MEGATRON_LM_PATH=str(lm), WORK_HOME=str(tmp_path / "w"),
+                             DATA_PATH="1 /data/docs_document", TOKENIZER_MODEL="/models/t",
+                             **env)
+    run_env["PATH"] = f"{bin_dir}{os.pathsep}{run_env.get('PATH', '')}"
+    proc = subprocess.run(["bash", str(REPO / "examples" / script)], env=run_env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout.splitlines()[0])
+    return words[words.index("--split") + 1]
+
+
+def test_split_follows_the_evaluation_settings(tmp_path):
+    """No validation share when nothing is evaluated (EVAL_ITERS=0: the tiny variants), 99,1,0
+    with evaluation (the full-size default), and a SPLIT the user sets is kept."""
+    tiny, full = "llama3_8b/pretrain_llama3_8b_tiny.sh", "llama3_8b/pretrain_llama3_8b.sh"
+    assert split_given(tmp_path, tiny) == "100,0,0"
+    assert split_given(tmp_path, full) == "99,1,0"
+    assert split_given(tmp_path, full, EVAL_ITERS="0") == "100,0,0"
+    assert split_given(tmp_path, tiny, SPLIT="99,1,0") == "99,1,0"
+    assert split_given(tmp_path, full, SPLIT="90,5,5") == "90,5,5"
+
+
 @stock
 def test_full_size_script_needs_data(lm_path, tmp_path):
     proc = run_script(REPO / "examples" / "llama2_7b" / "pretrain_llama2_7b.sh", lm_path,

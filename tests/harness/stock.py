@@ -71,8 +71,7 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
+        log = end_launcher(proc)
         raise AssertionError(f"pretrain_gpt.py ({route}, {' '.join(args)}) hung for "
                              f"{timeout} s:\n{log[-4000:]}")
     if proc.returncode != 0:
@@ -81,6 +80,21 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     losses = {int(i): float(v) for i, v in LOSS.findall(log)}
     times = {int(i): float(v) for i, v in TIME.findall(log)}
     return losses, times, log
+
+
+def end_launcher(proc, grace_s=60):
+    """Stop a hung launcher and its ranks; returns what they printed. torchrun starts each rank
+    in a session of its own, which a signal to the launcher's group does not reach (a rank left
+    running would hold the log pipe open for ever), and stops them itself on SIGTERM."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=grace_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            return proc.communicate(timeout=grace_s)[0]
+        except subprocess.TimeoutExpired:
+            return "(no log: a rank outlived its launcher and holds the pipe open)"
 
 
 # tests/fixtures/plugins/reliability_probe.py: after every step each rank prints its
