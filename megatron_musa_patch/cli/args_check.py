@@ -122,13 +122,79 @@ def wanted(script: str, environ=os.environ) -> bool:
 
 def check(script: str, script_args: List[str], ranks: int, local_ranks: int,
           environ=None) -> Verdict:
-    """Run the worker for a job of ``ranks`` ranks (``local_ranks`` on this node)."""
+    """Run the worker for a job of ``ranks`` ranks (``local_ranks`` on this node): forked from
+    this process, which has imported torch already, where the platform forks; else a new
+    interpreter."""
+    if hasattr(os, "fork") and environ is None:
+        return _forked(script, script_args, ranks, local_ranks)
+    return _spawned(script, script_args, ranks, local_ranks, environ)
+
+
+def _rank_zero_env(ranks: int, local_ranks: int) -> dict:
+    return dict(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE=str(ranks),
+                LOCAL_WORLD_SIZE=str(local_ranks))
+
+
+def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -> Verdict:
+    begin = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mmp-args-check-") as tmp:
+        out = os.path.join(tmp, "verdict.json")
+        pid = os.fork()
+        if pid == 0:  # the child: rank 0 as far as arguments go, its output nowhere
+            code = 0
+            try:
+                _quiet_child()
+                os.environ.pop("MEGATRON_MUSA_PATCH", None)
+                os.environ.update(_rank_zero_env(ranks, local_ranks))
+                from . import args_check_worker
+
+                args_check_worker.main([out, script, *script_args])
+            except BaseException:  # noqa: BLE001 - the parent reads no verdict: "unknown"
+                code = 1
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                return Verdict("unknown", f"the check took over {TIMEOUT_S:.0f} s",
+                               time.monotonic() - begin)
+            time.sleep(0.02)
+        try:
+            with open(out, encoding="utf-8") as f:
+                return Verdict(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            return Verdict("unknown", f"the check ended without a verdict (wait status "
+                                      f"{status})", time.monotonic() - begin)
+
+
+def _quiet_child() -> None:
+    """The forked child prints nothing, through new stream objects (a thread of the parent may
+    have held the old ones' locks at the fork)."""
+    import io
+
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    import warnings
+
+    warnings.simplefilter("ignore")
+
+
+def _spawned(script: str, script_args: List[str], ranks: int, local_ranks: int,
+             environ=None) -> Verdict:
     env = dict(os.environ if environ is None else environ)
     # the worker activates itself, catching a refusal (the package's import would not)
     env.pop("MEGATRON_MUSA_PATCH", None)
     env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
-    env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE=str(ranks),
-               LOCAL_WORLD_SIZE=str(local_ranks), PYTHONWARNINGS="ignore")
+    env.update(_rank_zero_env(ranks, local_ranks), PYTHONWARNINGS="ignore")
     begin = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mmp-args-check-") as tmp:
         out = os.path.join(tmp, "verdict.json")

@@ -80,7 +80,7 @@ def lookup(device_name: str, dtype: str) -> Tuple[Optional[Peak], str]:
     return None, f"{device_name!r} is not in the peak table"
 
 
-def measure_matmul(dtype: str, seconds: float = 0.5, size: int = 512) -> Peak:
+def measure_matmul(dtype: str, seconds: float = 0.2, size: int = 512) -> Peak:
     """Best sustained ``size x size`` GEMM rate over ``seconds`` in ``dtype``, on the CPU."""
     import torch
 
