@@ -57,20 +57,23 @@ def package_at(revision: str, target: Path) -> Path:
 
 
 def timed_launch(mmp: str, lm_path: Path, args, env, cwd: Path):
-    """(seconds to the first line, seconds to iteration 1 or None, seconds to the end, rc)."""
+    """(seconds to the first line, seconds to iteration 1 or None, seconds to the end, rc,
+    whether Megatron's "unrecognized arguments" was said)."""
     cmd = [mmp, "run", "--standalone", "--nproc-per-node", "2", str(lm_path / "pretrain_gpt.py"),
            *TINY, "--mock-data", "--tensor-model-parallel-size", "2", *args]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     first = iteration = None
+    refused = False
     for line in proc.stdout:
         now = time.monotonic() - start
         first = first if first is not None else now
         if iteration is None and ITERATION.search(line):
             iteration = now
+        refused = refused or "unrecognized arguments: --tensor-model-paralel-size" in line
     code = proc.wait()
-    return first, iteration, time.monotonic() - start, code
+    return first, iteration, time.monotonic() - start, code, refused
 
 
 def main(argv=None) -> int:
@@ -101,13 +104,15 @@ def main(argv=None) -> int:
                    for name in variants}
         for round_ in range(opts.repeat):
             for name, env in variants.items():
-                first, iteration, _, code = timed_launch(mmp, opts.lm_path, ["--train-iters",
-                                                                             "2"], env, root)
+                first, iteration, _, code, _ = timed_launch(mmp, opts.lm_path, ["--train-iters",
+                                                                                "2"], env, root)
                 if code != 0 or iteration is None:
                     sys.exit(f"{name}: the run failed (exit {code})")
                 results[name]["first line"].append(first)
                 results[name]["iteration 1"].append(iteration)
-                _, _, end, code = timed_launch(mmp, opts.lm_path, TYPO, env, root)
+                _, _, end, code, refused = timed_launch(mmp, opts.lm_path, TYPO, env, root)
+                if code == 0 or not refused:
+                    sys.exit(f"{name}: the mistyped flag was not refused (exit {code})")
                 results[name]["refused"].append(end)
                 print(f"round {round_ + 1}: {name}: first line {first:.1f} s, iteration 1 "
                       f"{iteration:.1f} s, typo ended after {end:.1f} s (exit {code})",

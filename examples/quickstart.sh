@@ -81,7 +81,8 @@ STOCK_CMD="MEGATRON_LM_PATH=/path/to/Megatron-LM bash examples/quickstart.sh $([
 if [ -n "${MEGATRON_LM_PATH:-}" ]; then
   echo "quickstart: training with the stock pretrain_gpt.py of MEGATRON_LM_PATH=$MEGATRON_LM_PATH"
 elif compgen -G "$CACHE_ROOT/Megatron-LM-core_v*/pretrain_gpt.py" >/dev/null; then
-  echo "quickstart: training with the stock pretrain_gpt.py of a cached checkout in $CACHE_ROOT"
+  echo "quickstart: training with the stock pretrain_gpt.py of the cached checkout in \
+$CACHE_ROOT that matches the installed megatron-core (step 2 says which)"
 elif [ "$CLONE" = 1 ]; then
   echo "quickstart: training with the stock pretrain_gpt.py of a Megatron-LM checkout cloned into \
 $CACHE_ROOT in step 2"

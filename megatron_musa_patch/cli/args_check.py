@@ -2,25 +2,26 @@
 
 A flag Megatron does not know, a layout the ranks cannot hold, a layer flag whose feature is off:
 each rank finds these only after importing torch and Megatron, and each says it, so a typo used to
-cost every rank's start-up and printed Megatron's usage once per rank. Here the launcher starts one
-process (``args_check_worker``) that activates the layer as a rank would, loads the script's
-module (its imports and definitions, not its ``__main__`` block), and runs Megatron's own
-``parse_args`` and ``validate_args`` of the installed release with what the script passes them
-(``extra_args_provider``, ``args_defaults``) for the job's world size. A refusal is said once, as
+cost every rank's start-up and printed Megatron's usage once per rank. Here the launcher forks a
+child (``args_check_worker``; a new interpreter where forking is not safe: the MUSA row, whose
+torchada must come before torch, or a launcher that asked torch about its GPUs) that activates the
+layer as rank 0 would, evaluates what the script's entry call passes Megatron
+(``extra_args_provider``, ``args_defaults``), and runs Megatron's own ``parse_args`` and
+``validate_args`` of the installed release for the job's world size. A refusal is said once, as
 one paragraph, and the job exits 2 without starting a rank; the words are Megatron's own (or the
 layer's paragraph), the layer only adds the nearest known flag to an unknown one.
 
-Only a Megatron entry script is checked: one whose ``if __name__ == "__main__":`` block calls
-``pretrain``, ``parse_and_validate_args`` or ``initialize_megatron``. Anything else, a world size
-the launcher cannot know (``--nnodes 1:4``), or ``MEGATRON_MUSA_PATCH_ARGS_CHECK=0`` starts the
-ranks as before; so does a check that cannot tell (the script's module fails to import: the ranks
-then say why).
+Only a Megatron entry script is checked (``megatron_entry``): one whose
+``if __name__ == "__main__":`` block calls ``pretrain``, ``parse_and_validate_args`` or
+``initialize_megatron`` with Megatron's own parsing. Anything else, a world size the launcher
+cannot know (``--nnodes 1:4``), or ``MEGATRON_MUSA_PATCH_ARGS_CHECK=0`` starts the ranks as
+before; so does a check that cannot tell (the script fails to load, Megatron fails for a reason
+other than its arguments): the ranks then say it.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,58 +30,10 @@ import tempfile
 import time
 from typing import List, Optional
 
-#: the calls that take Megatron's ``extra_args_provider`` and ``args_defaults``, in the order a
-#: script's ``__main__`` block makes them (0.19's pretrain_gpt.py parses before ``pretrain``)
-ENTRY_CALLS = ("parse_and_validate_args", "initialize_megatron", "pretrain")
+from .megatron_entry import Verdict, entry_call
+
 #: the check's own limit: it never holds a job longer than this
 TIMEOUT_S = 120.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What the worker found: ``status`` is ``ok``, ``refused`` (``text`` is the paragraph),
-    ``printed`` (``--help``: ``text`` is Megatron's help, the job ends 0) or ``unknown``."""
-
-    status: str
-    text: str = ""
-    seconds: float = 0.0
-    #: the release that checked, as the worker's Megatron reports it
-    megatron: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-
-def entry_call(source: str) -> Optional[ast.Call]:
-    """The first of ``ENTRY_CALLS`` in the script's ``if __name__ == "__main__":`` block."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    found = []
-    for node in tree.body:
-        if isinstance(node, ast.If) and _is_main_guard(node.test):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Call) and _called_name(inner) in ENTRY_CALLS:
-                    found.append(inner)
-    found.sort(key=lambda call: (call.lineno, call.col_offset))
-    return found[0] if found else None
-
-
-def _is_main_guard(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__" and len(test.comparators) == 1
-            and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == "__main__")
-
-
-def _called_name(call: ast.Call) -> Optional[str]:
-    func = call.func
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
 
 
 def world_size(nnodes: str, nproc_per_node: str) -> Optional[int]:
@@ -97,6 +50,7 @@ def world_size(nnodes: str, nproc_per_node: str) -> Optional[int]:
     try:
         local = int(nproc_per_node)
     except ValueError:
+        # "gpu" / "auto" ask torch about the devices: the check is then not forked (below)
         from torch.distributed.run import determine_local_world_size
 
         try:
@@ -121,18 +75,33 @@ def wanted(script: str, environ=os.environ) -> bool:
 
 
 def check(script: str, script_args: List[str], ranks: int, local_ranks: int,
-          environ=None) -> Verdict:
+          may_fork: bool = True) -> Verdict:
     """Run the worker for a job of ``ranks`` ranks (``local_ranks`` on this node): forked from
-    this process, which has imported torch already, where the platform forks; else a new
-    interpreter."""
-    if hasattr(os, "fork") and environ is None:
-        return _forked(script, script_args, ranks, local_ranks)
-    return _spawned(script, script_args, ranks, local_ranks, environ)
+    this process, which has imported torch already, where that is safe (``forkable``); else in a
+    new interpreter."""
+    if may_fork and forkable():
+        try:
+            return _forked(script, script_args, ranks, local_ranks)
+        except OSError:  # no fork to be had (limits): a new interpreter
+            pass
+    return _spawned(script, script_args, ranks, local_ranks)
+
+
+def forkable() -> bool:
+    """Whether a child forked from the launcher can activate the layer as a rank does: Linux
+    (forking after importing torch is not safe on macOS), and not where torch_musa is installed
+    (the MUSA row imports torchada before torch, and the launcher has imported torch)."""
+    return sys.platform.startswith("linux") and importlib.util.find_spec("torch_musa") is None
 
 
 def _rank_zero_env(ranks: int, local_ranks: int) -> dict:
     return dict(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE=str(ranks),
                 LOCAL_WORLD_SIZE=str(local_ranks))
+
+
+#: what the check must not inherit: it activates itself (a refusal caught, not printed), and it
+#: leaves nothing in the launcher's report directory (it is no rank)
+_NOT_INHERITED = ("MEGATRON_MUSA_PATCH", "MEGATRON_MUSA_PATCH_WATCHDOG_DIR")
 
 
 def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -> Verdict:
@@ -144,7 +113,8 @@ def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -
             code = 0
             try:
                 _quiet_child()
-                os.environ.pop("MEGATRON_MUSA_PATCH", None)
+                for name in _NOT_INHERITED:
+                    os.environ.pop(name, None)
                 os.environ.update(_rank_zero_env(ranks, local_ranks))
                 from . import args_check_worker
 
@@ -153,23 +123,45 @@ def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -
                 code = 1
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                return Verdict("unknown", f"the check took over {TIMEOUT_S:.0f} s",
-                               time.monotonic() - begin)
-            time.sleep(0.02)
+        status = _reap(pid, time.monotonic() + TIMEOUT_S)
+        if status is None:
+            return Verdict("unknown", f"the check took over {TIMEOUT_S:.0f} s",
+                           time.monotonic() - begin)
         try:
             with open(out, encoding="utf-8") as f:
                 return Verdict(**json.load(f))
         except (OSError, ValueError, TypeError):
             return Verdict("unknown", f"the check ended without a verdict (wait status "
                                       f"{status})", time.monotonic() - begin)
+
+
+def _reap(pid: int, deadline: float) -> Optional[int]:
+    """The child's wait status, or None once it was killed at ``deadline`` (or the launcher was
+    interrupted: the child does not outlive it)."""
+    try:
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored)
+                return 0
+            if done:
+                return status
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    except BaseException:
+        _kill(pid)
+        raise
+    _kill(pid)
+    return None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _quiet_child() -> None:
@@ -188,11 +180,9 @@ def _quiet_child() -> None:
     warnings.simplefilter("ignore")
 
 
-def _spawned(script: str, script_args: List[str], ranks: int, local_ranks: int,
-             environ=None) -> Verdict:
-    env = dict(os.environ if environ is None else environ)
-    # the worker activates itself, catching a refusal (the package's import would not)
-    env.pop("MEGATRON_MUSA_PATCH", None)
+def _spawned(script: str, script_args: List[str], ranks: int, local_ranks: int) -> Verdict:
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+    # the package's import would activate, and print a refusal instead of handing it over
     env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
     env.update(_rank_zero_env(ranks, local_ranks), PYTHONWARNINGS="ignore")
     begin = time.monotonic()

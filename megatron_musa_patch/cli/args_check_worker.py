@@ -1,10 +1,16 @@
-"""The process ``mmp run`` starts to check a script's arguments (``args_check``): rank 0 of the
-job as far as arguments go, with the layer active, Megatron's parser and its ``validate_args``.
+"""The check of a script's arguments that ``mmp run`` makes before any rank starts
+(``args_check``): rank 0 of the job as far as arguments go, with the layer active, Megatron's
+parser and its ``validate_args``.
 
-``python -m megatron_musa_patch.cli.args_check_worker VERDICT_JSON SCRIPT ARGS...``, with
-``MEGATRON_MUSA_PATCH_AUTOACTIVATE=0`` (it activates the layer itself, to catch a refusal); the
-environment says the world size (``WORLD_SIZE``). Whatever Megatron prints while it parses and
-validates is not shown: the ranks print it when they run.
+Forked from the launcher (``main``), or ``python -m megatron_musa_patch.cli.args_check_worker
+VERDICT_JSON SCRIPT ARGS...`` with ``MEGATRON_MUSA_PATCH_AUTOACTIVATE=0`` (it activates the layer
+itself, to catch a refusal); the environment says the world size (``WORLD_SIZE``). Whatever
+Megatron prints while it parses and validates is not shown: the ranks print it when they run.
+
+The script's ``extra_args_provider`` and ``args_defaults`` are evaluated from the statements of
+its module that bind them (a stock script's model and dataset imports cost a second and decide
+nothing here); a refusal found that way is confirmed with the whole module, as a rank imports it,
+so that a statement the first pass left out cannot cause one.
 """
 
 from __future__ import annotations
@@ -21,10 +27,14 @@ import sys
 import time
 import traceback
 
-from megatron_musa_patch.cli.args_check import Verdict, entry_call
+from megatron_musa_patch.cli.megatron_entry import KEYS, Verdict, called_name, entry_call, \
+    is_main_guard
 from megatron_musa_patch.core.errors import MegatronMusaPatchError
 
 PROG = "mmp run"
+#: how Megatron's parse_args and validate_args refuse arguments (its assertions, and a help
+#: string argparse cannot format); anything else (a device that fails) is left to the ranks
+REFUSALS = (AssertionError, ValueError)
 
 
 class _ParserError(Exception):
@@ -61,19 +71,63 @@ def _check(path: str, script_args) -> Verdict:
         call = entry_call(f.read())
     if call is None:
         return Verdict("unknown", "not a Megatron entry script", megatron=release)
+    why_not = _why_not_parsed_by_megatron(call)
+    if why_not:
+        return Verdict("unknown", why_not, megatron=release)
+    verdict = _with_namespace(path, call, release, whole=False)
+    if verdict.status == "refused":  # confirmed with everything the module does
+        verdict = _with_namespace(path, call, release, whole=True)
+    return verdict
+
+
+def _with_namespace(path: str, call, release: str, whole: bool) -> Verdict:
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            try:
-                namespace = _needed_part(path, call)
-                provider, defaults = _entry_arguments(call, namespace)
-            except Exception:  # noqa: BLE001 - the whole module, as a rank imports it
+            namespace = None
+            if not whole:
+                try:
+                    namespace = _needed_part(path, call)
+                    entry = _entry_arguments(call, namespace)
+                except Exception:  # noqa: BLE001 - then the whole module, as a rank has it
+                    namespace = None
+            if namespace is None:
                 namespace = runpy.run_path(path, run_name="__mmp_args_check__")
-                provider, defaults = _entry_arguments(call, namespace)
+                entry = _entry_arguments(call, namespace)
     except Exception as exc:  # noqa: BLE001 - the ranks will say it, with their traceback
         return Verdict("unknown", f"loading the script failed: {type(exc).__name__}: {exc}",
                        megatron=release)
-    return _parse_and_validate(provider, defaults, release)
+    return _parse_and_validate(*entry, release)
+
+
+def _why_not_parsed_by_megatron(call) -> str:
+    """Why the entry call does not parse Megatron's command line with Megatron's parser, or ""."""
+    if any(kw.arg == "parsed_args" for kw in call.keywords):
+        return "the script parses its arguments itself (parsed_args)"
+    name = called_name(call)
+    module = {"pretrain": "megatron.training.training",
+              "initialize_megatron": "megatron.training.initialize"}.get(name)
+    if module is not None and "extra_args_provider" not in _parameters(module, name):
+        return f"{name} of this release does not parse the command line"
+    return ""
+
+
+def _parameters(module: str, function: str) -> set:
+    """The parameters of ``module.function`` as its source declares them (importing
+    megatron.training.training would cost the check a second)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        return set()
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            a = node.args
+            return {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+    return set()
 
 
 def _needed_part(path: str, call) -> dict:
@@ -84,16 +138,15 @@ def _needed_part(path: str, call) -> dict:
 
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=path)
-    keys = ("extra_args_provider", "args_defaults")
     wanted = set()
     for kw in call.keywords:
-        if kw.arg in keys:
+        if kw.arg in KEYS + ("ignore_unknown_args",):
             wanted |= _names_used(kw.value)
-    if call.args and not set(keys) <= {kw.arg for kw in call.keywords}:
+    if call.args and not set(KEYS) <= {kw.arg for kw in call.keywords}:
         # a positional one: the callee's signature says which (so the callee is needed too)
         wanted |= _names_used(call.func) | set().union(*(_names_used(a) for a in call.args))
     body = [node for node in tree.body
-            if not (isinstance(node, ast.If) and _main_guard(node))]
+            if not (isinstance(node, ast.If) and is_main_guard(node.test))]
     chosen, todo = [], set(wanted)
     while todo:
         found = [node for node in body if node not in chosen and _binds(node) & todo]
@@ -106,12 +159,6 @@ def _needed_part(path: str, call) -> dict:
     namespace = {"__name__": "__mmp_args_check__", "__file__": path, "__builtins__": __builtins__}
     exec(compile(module, path, "exec"), namespace)
     return namespace
-
-
-def _main_guard(node) -> bool:
-    from megatron_musa_patch.cli.args_check import _is_main_guard
-
-    return _is_main_guard(node.test)
 
 
 def _names_used(node) -> set:
@@ -136,16 +183,17 @@ def _binds(node) -> set:
 
 
 def _entry_arguments(call, namespace):
-    """The script's ``extra_args_provider`` and ``args_defaults``, evaluated in its module."""
-    function = namespace.get(getattr(call.func, "id", None) or getattr(call.func, "attr", ""))
+    """The script's ``extra_args_provider``, ``args_defaults`` and ``ignore_unknown_args``,
+    evaluated in its module."""
+    wanted = KEYS + ("ignore_unknown_args",)
+    function = namespace.get(called_name(call) or "")
     nodes = {kw.arg: kw.value for kw in call.keywords if kw.arg}
     if call.args and function is not None:
         try:
             params = list(inspect.signature(function).parameters)
         except (TypeError, ValueError):
             params = []
-        nodes.update({name: node for name, node in zip(params, call.args)
-                      if name in ("extra_args_provider", "args_defaults")})
+        nodes.update({name: node for name, node in zip(params, call.args) if name in wanted})
 
     def value(name, default):
         node = nodes.get(name)
@@ -153,7 +201,8 @@ def _entry_arguments(call, namespace):
             return default
         return eval(compile(_expression(node), "<entry call>", "eval"), namespace)
 
-    return value("extra_args_provider", None), value("args_defaults", {}) or {}
+    return (value("extra_args_provider", None), value("args_defaults", {}) or {},
+            bool(value("ignore_unknown_args", False)))
 
 
 def _expression(node):
@@ -162,7 +211,7 @@ def _expression(node):
     return ast.fix_missing_locations(ast.Expression(body=node))
 
 
-def _parse_and_validate(provider, defaults, release) -> Verdict:
+def _parse_and_validate(provider, defaults, ignore_unknown, release) -> Verdict:
     from megatron.training import arguments
 
     quiet = io.StringIO()
@@ -175,7 +224,7 @@ def _parse_and_validate(provider, defaults, release) -> Verdict:
     step = "parse_args fails on"
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            args = arguments.parse_args(provider, ignore_unknown_args=False)
+            args = arguments.parse_args(provider, ignore_unknown_args=ignore_unknown)
         step = "validate_args refuses"
         if getattr(args, "use_checkpoint_args", False) or defaults.get("use_checkpoint_args"):
             return Verdict("ok", "parsed; validated by the ranks (--use-checkpoint-args)",
@@ -195,8 +244,11 @@ def _parse_and_validate(provider, defaults, release) -> Verdict:
         return Verdict("unknown", f"Megatron's parser exited {exc.code}", megatron=release)
     except MegatronMusaPatchError as exc:
         return Verdict("refused", exc.render(), megatron=release)  # as a rank would say it
-    except Exception as exc:  # noqa: BLE001 - Megatron's own refusal (its assertions)
+    except REFUSALS as exc:  # Megatron's own refusal of these arguments
         return Verdict("refused", _validation_paragraph(exc, step, release), megatron=release)
+    except Exception as exc:  # noqa: BLE001 - not about the arguments: the ranks will say it
+        return Verdict("unknown", f"{step.split()[0]} failed: {type(exc).__name__}: {exc}",
+                       megatron=release)
     finally:
         argparse.ArgumentParser.error = original_error
     return Verdict("ok", megatron=release)

@@ -59,7 +59,8 @@ def run(argv: List[str]) -> int:
     heartbeat = Heartbeat(_say, lambda elapsed: f"mmp run: {doing[0]} ({elapsed:.0f} s)",
                           quiet_s=QUIET_S)
     heartbeat.notice()
-    with heartbeat:  # handed to supervised() once the ranks start, which stops it
+    heartbeat.start()
+    try:  # the same heartbeat goes on while the ranks start (supervised)
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import run as torchrun
 
@@ -76,23 +77,27 @@ def run(argv: List[str]) -> int:
                                    args.nproc_per_node)
             if code is not None:
                 return code
-    # every Python process the job starts (data-loader or checkpoint workers too) activates
-    os.environ["MEGATRON_MUSA_PATCH"] = "1"
-    if not args.no_python:
-        mode = "--module" if args.module else "--script"
-        args.training_script_args = [mode, args.training_script, *args.training_script_args]
-        args.training_script = "megatron_musa_patch.cli.run_worker"
-        args.module = True
-    try:
+        # every Python process the job starts (data-loader or checkpoint workers too) activates
+        os.environ["MEGATRON_MUSA_PATCH"] = "1"
+        if not args.no_python:
+            mode = "--module" if args.module else "--script"
+            args.training_script_args = [mode, args.training_script, *args.training_script_args]
+            args.training_script = "megatron_musa_patch.cli.run_worker"
+            args.module = True
         with supervised(script_args, args.max_restarts, heartbeat=heartbeat):
             torchrun(args)
     except ChildFailedError:
         return 1
+    finally:
+        heartbeat.stop()
     return 0
 
 
 #: the launcher says what it is doing after this long without a line
 QUIET_S = 5.0
+#: ... while the ranks start, until this long after its start (a node whose ranks never say
+#: they are up, with the layer's progress feature off, stays quiet after it)
+STARTING_MOST_S = 300.0
 
 
 def _say(line: str) -> None:
@@ -114,7 +119,9 @@ def check_arguments(script: str, script_args: List[str], nnodes: str,
     local = ranks // max(int(str(nnodes).split(":", 1)[0]), 1)
     print(f"mmp run: checking {name}'s arguments with Megatron's parser for {ranks} ranks, then "
           f"starting them", flush=True)
-    verdict = args_check.check(script, script_args, ranks, local)
+    # "gpu" / "auto" had torch ask the driver about the devices: no fork after that
+    verdict = args_check.check(script, script_args, ranks, local,
+                               may_fork=str(nproc_per_node).isdigit())
     if verdict.status == "refused":
         print(verdict.text, file=sys.stderr, flush=True)
         return 2
@@ -155,16 +162,16 @@ def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp r
                              **said), file=sys.stderr, flush=True)
         reports.clear(report_dir)
 
-    from megatron_musa_patch.features.startup_progress import LAUNCHER_SAID, STARTED
-
-    # the launcher's progress lines go on until rank 0 says what it does itself
-    # (features/startup_progress.py)
-    starting = heartbeat or Heartbeat(_say, None, quiet_s=QUIET_S).start()
+    reports.forget_attempt(report_dir)  # a directory of the user's may hold an earlier job's
+    # the launcher's progress lines go on until this node's first rank is up (rank 0 then says
+    # what it does itself: features/startup_progress.py), for a few minutes at most
+    starting = heartbeat or Heartbeat(_say, None, quiet_s=QUIET_S)
     starting.describe = lambda elapsed: (f"{launcher}: the ranks are starting (each imports "
                                          f"torch and Megatron; {elapsed:.0f} s)")
-    starting.until = lambda: os.path.exists(os.path.join(report_dir, STARTED))
-    with open(os.path.join(report_dir, LAUNCHER_SAID), "w", encoding="utf-8") as f:
-        f.write(repr(starting.last_output()))
+    starting.until = lambda: reports.rank_started(report_dir)
+    starting.most_s = STARTING_MOST_S
+    reports.launcher_said(report_dir, starting.last_output())
+    starting.start()
     try:
         with driven(on_restart, elastic, lambda pid: reports.mark_frozen(report_dir, pid)), \
                 starting:
@@ -331,10 +338,12 @@ def failure_report(failures: Dict[int, object], script_args: List[str],
 
 def _exit_statuses(failures: Dict[int, object], launcher: str,
                    errors: Dict[int, "reports.ErrorReport"]) -> str:
-    """The rank that failed first and how: from the ranks' own error reports when there are
-    any (the first error in time, a lost connection only when nothing else was reported), from
-    the exit statuses otherwise."""
+    """The rank that failed first and how: the first error in time of those the ranks reported
+    themselves, when one is not a lost connection (a lost connection follows from another
+    rank's failure, a rank killed from outside included); the exit statuses otherwise."""
     first_error = reports.first_error({r: e for r, e in errors.items() if r in failures})
+    if first_error is not None and first_error.lost_connection():
+        first_error = None
     if first_error is not None:
         ranked = sorted(failures.items(), key=lambda item: (item[0] != first_error.rank,) +
                         _order(item))

@@ -22,13 +22,12 @@ and eight to fourteen warnings that TransformerEngine and Apex are missing. In b
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import logging
 import os
 import re
 import sys
+import threading
 
 import wrapt
 
@@ -53,6 +52,7 @@ TE_APEX_WARNING = re.compile(r"(Transformer Engine and Apex are|Apex is) not ins
 #: the logger of Megatron's timers, which stays at INFO when --timing-log-level asks for them
 TIMERS = "megatron.core.timers"
 LEVEL_ENV = "MEGATRON_LOGGING_LEVEL"
+MEGATRON_LOGGER = "megatron"
 
 
 @hookimpl
@@ -111,6 +111,10 @@ def _warn(state, wrapped, instance, args, kwargs):
     message = args[0] if args else kwargs.get("message")
     if TE_APEX_WARNING.match(str(message)):
         state["te_apex_warnings"] = state.get("te_apex_warnings", 0) + 1
+        if state.get("arguments_printed") and not state.get("te_apex_line_printed"):
+            # the first one after the start-up lines: the line comes now
+            print(te_apex_line(state.get("device", ""), 1), flush=True)
+            state["te_apex_line_printed"] = True
         return None
     # warnings.warn(message, category=None, stacklevel=1, ...) names its caller by counting
     # frames: this wrapper's (and a pure-Python wrapt's) are in between
@@ -148,8 +152,10 @@ def _print_args(session, state, wrapped, instance, args, kwargs):
     if call.get("title") != "arguments" or os.environ.get("RANK", "0") != "0":
         return wrapped(*args, **kwargs)
     folded = state.get("te_apex_warnings", 0)
+    state.update(arguments_printed=True, device=session.device.name)
     if folded:
         print(te_apex_line(session.device.name, folded), flush=True)
+        state["te_apex_line_printed"] = True
     given = given_dests(sys.argv[1:], session.argument_flags)
     print(arguments_paragraph(call["args"], session.argument_defaults, given), flush=True)
     return None
@@ -180,8 +186,11 @@ def _after_validation(wrapped, instance, args, kwargs):
     ``setup_logging`` (later) sets the level the user gave, and keeps ours otherwise."""
     result = wrapped(*args, **kwargs)
     megatron_args = call_arguments(wrapped, args, kwargs)["args"]
-    if megatron_args.logging_level is None and os.environ.get(LEVEL_ENV) is None:
-        logging.getLogger().setLevel(logging.WARNING)
+    if getattr(megatron_args, "logging_level", None) is None and \
+            os.environ.get(LEVEL_ENV) is None:
+        # Megatron's loggers only (megatron.core.*, megatron.training.*): a script's own and
+        # other libraries' INFO messages stay as Megatron's basicConfig set them
+        logging.getLogger(MEGATRON_LOGGER).setLevel(logging.WARNING)
         if getattr(megatron_args, "timing_log_level", 0):
             logging.getLogger(TIMERS).setLevel(logging.INFO)
     return result
@@ -203,8 +212,29 @@ def one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def _print_datetime(wrapped, instance, args, kwargs):
     """``print_datetime(string, override_timestamp)`` with an override stamps a moment already
-    past; it still synchronises the ranks, so it runs, its line unprinted."""
+    past; it still synchronises the ranks, so it runs, its line unprinted (this thread's: a
+    line another thread prints meanwhile goes out)."""
     if call_arguments(wrapped, args, kwargs).get("override_timestamp") is None:
         return wrapped(*args, **kwargs)
-    with contextlib.redirect_stdout(io.StringIO()):
+    stream = sys.stdout
+    sys.stdout = _OtherThreads(stream, threading.get_ident())
+    try:
         return wrapped(*args, **kwargs)
+    finally:
+        if isinstance(sys.stdout, _OtherThreads):
+            sys.stdout = stream
+
+
+class _OtherThreads:
+    """A stream that drops what one thread writes."""
+
+    def __init__(self, stream, dropped: int):
+        self._stream, self._dropped = stream, dropped
+
+    def write(self, text):
+        if threading.get_ident() == self._dropped:
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

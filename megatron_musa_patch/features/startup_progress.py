@@ -5,7 +5,8 @@ group, builds the model, the optimizer and the datasets' indices, and runs a fir
 compile; on a small machine any of these can take tens of seconds without a line. Here rank 0 (of
 a job started by torchrun, ``mmp run`` or another elastic agent) prints
 ``megatron_musa_patch: rank 0 is <what> (<s> s since its start)`` after each 5 s without output,
-from its main thread's stack (``lib/heartbeat.py``), until its first training step is done.
+from its main thread's stack (``lib/heartbeat.py``), until its first training step is done (or,
+in a loop of the script's own, its first optimizer step).
 Output is noticed through ``sys.stdout``/``sys.stderr``, which rank 0 writes through a proxy.
 """
 
@@ -15,6 +16,7 @@ import functools
 import os
 import sys
 
+from megatron_musa_patch.lib.elastic import reports
 from megatron_musa_patch.lib.heartbeat import Heartbeat, NoticingStream, describe_stack, \
     main_thread_frame
 from megatron_musa_patch.core.hookspecs import hookimpl
@@ -50,11 +52,22 @@ PHASES = {
 
 
 def launched_rank_zero():
-    """Condition: rank 0 of a job an elastic agent started (not ``mmp doctor``, not a script
-    run by hand), else why not."""
-    if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:
-        return True
-    return "not rank 0 of a job started by torchrun or another elastic agent"
+    """Condition: rank 0 of a job an elastic agent started, itself (not ``mmp doctor``, not a
+    script run by hand, not a helper process it starts, which inherits its environment)."""
+    if os.environ.get("RANK") != "0" or "LOCAL_RANK" not in os.environ:
+        return "not rank 0 of a job started by torchrun or another elastic agent"
+    if multiprocessing_helper():
+        return "a helper process of rank 0 (multiprocessing), not the rank"
+    return True
+
+
+def multiprocessing_helper(argv=None) -> bool:
+    """A process multiprocessing started with spawn or forkserver (its command line is
+    ``python -c "from multiprocessing.<module> import ..."``); a forked one has no thread of
+    its parent's, so no progress lines either."""
+    argv = list(argv if argv is not None else getattr(sys, "orig_argv", ()) or ())
+    return "-c" in argv[1:-1] and argv[argv.index("-c", 1) + 1].startswith(
+        "from multiprocessing.")
 
 
 @hookimpl
@@ -71,32 +84,19 @@ def mmp_register_patches(session, registry):
         "startup_progress.first_step", "megatron.training.training:train_step", "wrap",
         functools.partial(_train_step, heartbeat), FEATURE.name, condition=launched_rank_zero,
         why="the progress lines end with the first training step", megatron=VERIFIED_MEGATRON))
-    # the lines themselves come from a thread of this rank, started with the layer
-    if launched_rank_zero() is True and not registry.toggles.is_off(FEATURE.name):
-        heartbeat.start()
-        take_over(heartbeat, session.settings.watchdog_dir)
-
-
-#: files in the launcher's report directory (``mmp run``): rank 0 leaves STARTED once it says
-#: what it does itself; the launcher leaves LAUNCHER_SAID, the time of its last line
-STARTED = "rank0-started"
-LAUNCHER_SAID = "launcher-said"
-
-
-def take_over(heartbeat: Heartbeat, report_dir) -> None:
-    """Go on from the launcher's last line (its next is due 5 s after it, whoever says it), and
-    tell the launcher, which says the ranks are starting until then, that rank 0 is up."""
-    if not report_dir or not os.path.isdir(report_dir):
+    if registry.toggles.is_off(FEATURE.name) or multiprocessing_helper():
         return
-    try:
-        with open(os.path.join(report_dir, LAUNCHER_SAID), encoding="utf-8") as f:
-            heartbeat.written_at(float(f.read().strip()))
-    except (OSError, ValueError):
-        pass
-    try:
-        open(os.path.join(report_dir, STARTED), "w").close()
-    except OSError:
-        pass
+    report_dir = session.settings.watchdog_dir
+    # the lines themselves come from a thread of rank 0, started with the layer; the launcher's
+    # own lines stop once this node's first rank is up
+    if launched_rank_zero() is True:
+        said = reports.launcher_last_line(report_dir)
+        if said is not None:
+            heartbeat.written_at(said)  # its next line is due 5 s after the launcher's last
+        heartbeat.start()
+        _end_at_the_first_optimizer_step(heartbeat)
+    if os.environ.get("LOCAL_RANK") == "0":
+        reports.mark_rank_started(report_dir)
 
 
 def _say(line: str) -> None:
@@ -107,6 +107,14 @@ def _describe(elapsed: float) -> str:
     frame = main_thread_frame()
     what = describe_stack(frame, PHASES) if frame is not None else "starting"
     return f"megatron_musa_patch: rank 0 is {what} ({elapsed:.0f} s since its start)"
+
+
+def _end_at_the_first_optimizer_step(heartbeat: Heartbeat) -> None:
+    """A training loop of the script's own (megatron-core without Megatron-LM's train_step)
+    has started once an optimizer stepped: torch's hook after every optimizer's step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: heartbeat.stop())
 
 
 def _train_step(heartbeat, wrapped, instance, args, kwargs):

@@ -117,13 +117,16 @@ def describe_stack(frame, phases: Dict[str, str], default: str = "starting") -> 
     for f in frames:
         if _in_package(f, ("torch", "_dynamo")) or _in_package(f, ("torch", "_inductor")):
             return "compiling with torch.compile"
+    # a module being imported: the innermost module body (read off its globals, not the frame's
+    # locals, which another thread must not touch) under an import
+    importing = any(f.f_code.co_name == "_find_and_load" for f in frames)
     for f in frames:  # innermost first
         name = f.f_code.co_name
         if name in phases:
             return phases[name]
-        if name == "_find_and_load":
-            module = f.f_locals.get("name")
-            if isinstance(module, str):
+        if importing and name == "<module>":
+            module = f.f_globals.get("__name__")
+            if isinstance(module, str) and module != "__main__":
                 return f"importing {'.'.join(module.split('.')[:3])}"
     return default
 

@@ -78,3 +78,13 @@ def test_mmp_run_names_the_rank_that_raised(tmp_path, guilty):
     assert said.startswith(f"mmp run: rank {guilty} (local rank {guilty}, pid "), said
     assert "with AssertionError: no sample to consume: 0" in said
     assert f"rank {peer} (exit 1: it lost its connection)" in said
+
+
+def test_a_rank_killed_from_outside_is_not_blamed_on_its_peer_s_lost_connection():
+    # the out-of-memory killer ends rank 1; rank 0 then loses its connection and reports it
+    failures = {0: types.SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=7),
+                1: types.SimpleNamespace(exitcode=-9, local_rank=1, pid=101, timestamp=7)}
+    errors = {0: _error(0, 5.0, "RuntimeError", "Connection reset by peer [127.0.0.1]:1")}
+    text = failure_report(failures, [], errors=errors)
+    assert text.startswith("mmp run: rank 1 (local rank 1, pid 101) was killed by SIGKILL"), text
+    assert "rank 0 (exit 1: it lost its connection)" in text

@@ -60,7 +60,8 @@ def run_script(script, lm_path, work, timeout=600, **env):
 @pytest.mark.parametrize("model", list(TINY))
 def test_tiny_variant_trains_checkpoints_and_logs_mfu(model, lm_path, tmp_path):
     script = REPO / "examples" / model / f"pretrain_{model}_tiny.sh"
-    proc = run_script(script, lm_path, tmp_path, TRAIN_ITERS="3")
+    # Megatron's list of arguments, to check what the script passed (brief by default)
+    proc = run_script(script, lm_path, tmp_path, TRAIN_ITERS="3", MEGATRON_MUSA_PATCH_LOG="full")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     losses = {int(i): float(v) for i, v in LOSS.findall(log)}
@@ -85,7 +86,7 @@ def test_tiny_variant_trains_checkpoints_and_logs_mfu(model, lm_path, tmp_path):
 @stock
 def test_deepseek_tiny_is_mla_and_moe(lm_path, tmp_path):
     proc = run_script(REPO / "examples" / "deepseek_v2_lite" / "pretrain_deepseek_v2_lite_tiny.sh",
-                      lm_path, tmp_path, TRAIN_ITERS="1")
+                      lm_path, tmp_path, TRAIN_ITERS="1", MEGATRON_MUSA_PATCH_LOG="full")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert re.search(r"multi_latent_attention \.+ True", log)

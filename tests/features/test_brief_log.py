@@ -73,7 +73,8 @@ def _said_beside_iterations(log):
 @pytest.mark.stock
 @pytest.mark.ci
 def test_a_tp2_run_prints_at_most_60_lines_beside_its_iteration_lines(lm_path):
-    _, _, log = run_stock(lm_path, ["--tensor-model-parallel-size", "2", "--bf16"], iters=20)
+    _, _, log = run_stock(lm_path, ["--tensor-model-parallel-size", "2", "--bf16"], iters=20,
+                          env={"MEGATRON_MUSA_PATCH_LOG": "brief"})
     other, progress = _said_beside_iterations(log)
     assert len([line for line in log.splitlines() if ITERATION.search(line)]) == 20
     assert len(other) <= 60, "\n".join(other)

@@ -62,7 +62,10 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     if "--data-path" not in args:
         full.append("--mock-data")
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
-    run_env.update(OMP_NUM_THREADS="1", MEGATRON_LM_PATH=str(lm_path), **(env or {}))
+    # the stock tests read Megatron's whole log (its list of arguments, its INFO messages);
+    # the default, brief log has its own tests (tests/features/test_brief_log.py)
+    run_env.update({"OMP_NUM_THREADS": "1", "MEGATRON_LM_PATH": str(lm_path),
+                    "MEGATRON_MUSA_PATCH_LOG": "full", **(env or {})})
     if route == "pth":
         run_env["MEGATRON_MUSA_PATCH"] = "1"
     proc = subprocess.Popen(command(route, lm_path, nproc, full), env=run_env, cwd=cwd,

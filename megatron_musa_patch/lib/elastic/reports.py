@@ -189,6 +189,53 @@ def diagnosis(reports: Dict[int, RankReport], exit_codes: Dict[int, int]) -> Opt
 
 
 
+# ----------------------------------------------------------------------------- start-up
+
+#: a rank leaves this once it says what it does itself (the launcher's progress lines stop)
+_STARTED = "rank-started"
+#: the launcher leaves the time of its last line here (a rank's progress lines go on from it)
+_LAUNCHER_SAID = "launcher-said"
+
+
+def launcher_said(report_dir: Optional[str], wall: float) -> None:
+    if report_dir and os.path.isdir(report_dir):
+        with open(os.path.join(report_dir, _LAUNCHER_SAID), "w", encoding="utf-8") as f:
+            f.write(repr(wall))
+
+
+def launcher_last_line(report_dir: Optional[str]) -> Optional[float]:
+    """When the launcher last printed a line (``time.time()``), if it said."""
+    try:
+        with open(os.path.join(report_dir or "", _LAUNCHER_SAID), encoding="utf-8") as f:
+            return float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def mark_rank_started(report_dir: Optional[str]) -> None:
+    if report_dir and os.path.isdir(report_dir):
+        try:
+            open(os.path.join(report_dir, _STARTED), "w").close()
+        except OSError:
+            pass
+
+
+def rank_started(report_dir: Optional[str]) -> bool:
+    return bool(report_dir) and os.path.exists(os.path.join(report_dir, _STARTED))
+
+
+def forget_attempt(report_dir: Optional[str]) -> None:
+    """Forget what an earlier job left in a report directory that outlives jobs (one the user
+    set): its errors would be taken for this job's."""
+    if report_dir and os.path.isdir(report_dir):
+        for name in os.listdir(report_dir):
+            if name.startswith("error-rank") or name in (_STARTED, _LAUNCHER_SAID):
+                try:
+                    os.unlink(os.path.join(report_dir, name))
+                except OSError:
+                    pass
+
+
 # ----------------------------------------------------------------------------- errors
 
 #: how a rank's error report is named in the report directory
@@ -271,4 +318,5 @@ def first_error(errors: Dict[int, ErrorReport]) -> Optional[ErrorReport]:
 
 
 __all__ = ["HEADER", "RankReport", "read", "clear", "mark_frozen", "diagnosis", "ErrorReport",
-           "write_error", "read_errors", "first_error"]
+           "write_error", "read_errors", "first_error", "launcher_said", "launcher_last_line",
+           "mark_rank_started", "rank_started", "forget_attempt"]

@@ -129,8 +129,9 @@ def free_port():
 
 
 def run(argv, timeout=900, **env):
+    # Megatron's list of arguments is read (the layer's log is brief by default)
     run_env = subprocess_env(CUDA_DEVICE_MAX_CONNECTIONS="1", MEGATRON_MUSA_PATCH_DEVICE="cpu",
-                             **env)
+                             MEGATRON_MUSA_PATCH_LOG="full", **env)
     run_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + run_env.get("PATH", "")
     proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=timeout)
     return proc, proc.stdout + proc.stderr

@@ -2,14 +2,12 @@
 (0.18 and 0.19 have a help string with a lone ``%``)."""
 
 import argparse
-import subprocess
-import sys
 
 import pytest
 
 from megatron_musa_patch.features.upstream_fixes import help_percent
 
-from tests.conftest import subprocess_env
+from tests.conftest import run_probe, subprocess_env
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -39,11 +37,7 @@ def test_the_parser_s_helps_format_after_the_wrap():
 @pytest.mark.release
 def test_megatron_s_own_parser_prints_its_help(lm_path):
     """The installed release's parser, with the layer active: --help exits 0 with the usage."""
-    code = ("import megatron_musa_patch, sys\n"
-            "from megatron.training.arguments import parse_args\n"
-            "sys.argv = ['pretrain_gpt.py', '--help']\n"
-            "parse_args()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=subprocess_env(MEGATRON_LM_PATH=str(lm_path)), timeout=300)
+    proc = run_probe("tests.features.upstream_fixes.probes.megatron_help",
+                     env=subprocess_env(MEGATRON_LM_PATH=str(lm_path)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage: pretrain_gpt.py") and "--num-layers" in proc.stdout

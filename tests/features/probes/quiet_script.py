@@ -1,0 +1,3 @@
+"""A training script that prints one line."""
+
+print("done", flush=True)
