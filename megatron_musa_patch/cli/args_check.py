@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import List, Optional
 
 from .megatron_entry import Verdict, entry_call
@@ -108,7 +109,11 @@ def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -
     begin = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mmp-args-check-") as tmp:
         out = os.path.join(tmp, "verdict.json")
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # 3.12+ warns of a fork with threads running: the launcher's heartbeat, which the
+            # child does not use (it writes through new streams, _quiet_child)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: rank 0 as far as arguments go, its output nowhere
             code = 0
             try:
@@ -175,8 +180,6 @@ def _quiet_child() -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    import warnings
-
     warnings.simplefilter("ignore")
 
 
