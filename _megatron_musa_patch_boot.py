@@ -83,7 +83,7 @@ def _exit_during_site(code) -> None:
 
 
 def _hook() -> None:
-    if _multiprocessing_helper():
+    if multiprocessing_helper():
         sys.meta_path.insert(0, _ActivateOnFirstImport())
         return
     for names, launcher in ((DLROVER_RUN, "dlrover-run"), (FT_LAUNCHER, "ft_launcher")):
@@ -95,10 +95,11 @@ def _hook() -> None:
     _activate()
 
 
-def _multiprocessing_helper() -> bool:
+def multiprocessing_helper(argv=None) -> bool:
     """A process multiprocessing started: a spawn child, the resource tracker, the forkserver
-    (their command lines are ``python -c "from multiprocessing.<module> import ..."``)."""
-    argv = list(getattr(sys, "orig_argv", None) or [])
+    (their command lines are ``python -c "from multiprocessing.<module> import ..."``); this
+    one, or the one started with ``argv``."""
+    argv = list(argv if argv is not None else getattr(sys, "orig_argv", None) or [])
     return "-c" in argv[1:-1] and argv[argv.index("-c", 1) + 1].startswith("from multiprocessing.")
 
 

@@ -23,14 +23,12 @@ megatron-core's tag.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -38,22 +36,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_checkpoint_import import package_at  # noqa: E402 - a revision's package
 from tests.harness.stock import TINY  # noqa: E402 - the stock tests' tiny GPT
 
 ITERATION = re.compile(r"iteration\s+1/\s*\d+ \|")
 TYPO = ["--tensor-model-paralel-size", "2"]
-
-
-def package_at(revision: str, target: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "megatron_musa_patch"],
-                             capture_output=True)
-    if archive.returncode:
-        sys.exit(f"--against {revision}: git archive failed: "
-                 f"{archive.stderr.decode(errors='replace').strip()}")
-    target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(target)
-    return target
 
 
 def timed_launch(mmp: str, lm_path: Path, args, env, cwd: Path):

@@ -13,5 +13,5 @@ _path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 _spec = importlib.machinery.PathFinder.find_spec(__name__, _path)
 _shipped = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shipped)
-_shipped._multiprocessing_helper = lambda: False
+_shipped.multiprocessing_helper = lambda argv=None: False
 sys.modules[__name__] = _shipped

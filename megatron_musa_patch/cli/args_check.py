@@ -132,12 +132,18 @@ def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -
         if status is None:
             return Verdict("unknown", f"the check took over {TIMEOUT_S:.0f} s",
                            time.monotonic() - begin)
-        try:
-            with open(out, encoding="utf-8") as f:
-                return Verdict(**json.load(f))
-        except (OSError, ValueError, TypeError):
-            return Verdict("unknown", f"the check ended without a verdict (wait status "
-                                      f"{status})", time.monotonic() - begin)
+        return _read_verdict(out) or Verdict(
+            "unknown", f"the check ended without a verdict (wait status {status})",
+            time.monotonic() - begin)
+
+
+def _read_verdict(path: str) -> Optional[Verdict]:
+    """The verdict the check wrote, or None where it wrote none (it crashed or was killed)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Verdict(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _reap(pid: int, deadline: float) -> Optional[int]:
@@ -199,11 +205,9 @@ def _spawned(script: str, script_args: List[str], ranks: int, local_ranks: int) 
         except subprocess.TimeoutExpired:
             return Verdict("unknown", f"the check took over {TIMEOUT_S:.0f} s",
                            time.monotonic() - begin)
-        try:
-            with open(out, encoding="utf-8") as f:
-                return Verdict(**json.load(f))
-        except (OSError, ValueError, TypeError):
-            pass
+        found = _read_verdict(out)
+        if found is not None:
+            return found
     # no verdict: the worker ended before writing one (a crash, or killed)
     tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
     return Verdict("unknown", f"the check ended without a verdict ({tail[0][:200]})",

@@ -16,6 +16,7 @@ so that a statement the first pass left out cannot cause one.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import difflib
 import inspect
@@ -115,7 +116,6 @@ def _why_not_parsed_by_megatron(call) -> str:
 def _parameters(module: str, function: str) -> set:
     """The parameters of ``module.function`` as its source declares them (importing
     megatron.training.training would cost the check a second)."""
-    import ast
     import importlib.util
 
     spec = importlib.util.find_spec(module)
@@ -134,8 +134,6 @@ def _needed_part(path: str, call) -> dict:
     """Run only the script's top-level statements that bind what the entry call's
     ``extra_args_provider`` and ``args_defaults`` use, and what those use in turn: a stock
     script's model and dataset imports cost the check a second and decide nothing here."""
-    import ast
-
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=path)
     wanted = set()
@@ -162,15 +160,11 @@ def _needed_part(path: str, call) -> dict:
 
 
 def _names_used(node) -> set:
-    import ast
-
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _binds(node) -> set:
     """The module-level names a top-level statement may bind."""
-    import ast
-
     names = set()
     for inner in ast.walk(node):
         if isinstance(inner, (ast.Import, ast.ImportFrom)):
@@ -206,8 +200,6 @@ def _entry_arguments(call, namespace):
 
 
 def _expression(node):
-    import ast
-
     return ast.fix_missing_locations(ast.Expression(body=node))
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from megatron_musa_patch.lib.elastic import reports
-from megatron_musa_patch.lib.heartbeat import Heartbeat
+from megatron_musa_patch.lib.heartbeat import Heartbeat, say
 from megatron_musa_patch.lib.elastic.agent import Elastic, driven
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.settings import PREFIX
@@ -56,8 +56,7 @@ def parser():
 
 def run(argv: List[str]) -> int:
     doing = ["importing torch (torchrun's options)"]
-    heartbeat = Heartbeat(_say, lambda elapsed: f"mmp run: {doing[0]} ({elapsed:.0f} s)",
-                          quiet_s=QUIET_S)
+    heartbeat = Heartbeat(say, lambda elapsed: f"mmp run: {doing[0]} ({elapsed:.0f} s)")
     heartbeat.notice()
     heartbeat.start()
     try:  # the same heartbeat goes on while the ranks start (supervised)
@@ -93,15 +92,9 @@ def run(argv: List[str]) -> int:
     return 0
 
 
-#: the launcher says what it is doing after this long without a line
-QUIET_S = 5.0
-#: ... while the ranks start, until this long after its start (a node whose ranks never say
+#: the launcher says what it is doing while the ranks start, until this long after its start (a node whose ranks never say
 #: they are up, with the layer's progress feature off, stays quiet after it)
 STARTING_MOST_S = 300.0
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def check_arguments(script: str, script_args: List[str], nnodes: str,
@@ -165,7 +158,7 @@ def supervised(script_args: List[str], max_restarts: int, launcher: str = "mmp r
     reports.forget_attempt(report_dir)  # a directory of the user's may hold an earlier job's
     # the launcher's progress lines go on until this node's first rank is up (rank 0 then says
     # what it does itself: features/startup_progress.py), for a few minutes at most
-    starting = heartbeat or Heartbeat(_say, None, quiet_s=QUIET_S)
+    starting = heartbeat or Heartbeat(say, None)
     starting.describe = lambda elapsed: (f"{launcher}: the ranks are starting (each imports "
                                          f"torch and Megatron; {elapsed:.0f} s)")
     starting.until = lambda: reports.rank_started(report_dir)

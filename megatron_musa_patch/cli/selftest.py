@@ -22,7 +22,7 @@ import tempfile
 from typing import Dict, List
 
 from megatron_musa_patch.core import settings
-from megatron_musa_patch.lib.heartbeat import Heartbeat
+from megatron_musa_patch.lib.heartbeat import Heartbeat, say
 
 #: layout name -> worker flags; each runs on 2 ranks
 LAYOUTS: Dict[str, List[str]] = {
@@ -74,17 +74,9 @@ def run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: fl
     it starts and while it runs."""
     print(f"mmp selftest: {name or 'reference'} on {nproc} rank{'s' if nproc > 1 else ''}"
           f"{' (' + ' '.join(shown) + ')' if shown else ''}", flush=True)
-    with Heartbeat(_say, lambda elapsed: f"mmp selftest: {name or 'reference'} still running "
-                                         f"({elapsed:.0f} s)", quiet_s=QUIET_S):
+    with Heartbeat(say, lambda elapsed: f"mmp selftest: {name or 'reference'} still running "
+                                         f"({elapsed:.0f} s)"):
         return _run_worker(nproc, flags, out, workdir, timeout)
-
-
-#: a line after this long without one
-QUIET_S = 5.0
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def _run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: float) -> dict:

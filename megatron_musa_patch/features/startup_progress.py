@@ -17,8 +17,10 @@ import os
 import sys
 
 from megatron_musa_patch.lib.elastic import reports
-from megatron_musa_patch.lib.heartbeat import Heartbeat, NoticingStream, describe_stack, \
-    main_thread_frame
+import _megatron_musa_patch_boot as boot  # the start-up hook's own test of a helper process
+
+from megatron_musa_patch.lib.heartbeat import QUIET_S, Heartbeat, NoticingStream, \
+    describe_stack, main_thread_frame, say
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
@@ -30,7 +32,6 @@ FEATURE = feature(
 
 #: the releases this feature's records were verified on (docs/compatibility.md)
 VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-QUIET_S = 5.0
 #: a script that never calls Megatron's train_step is not followed longer than this
 MOST_S = 1800.0
 
@@ -56,23 +57,14 @@ def launched_rank_zero():
     script run by hand, not a helper process it starts, which inherits its environment)."""
     if os.environ.get("RANK") != "0" or "LOCAL_RANK" not in os.environ:
         return "not rank 0 of a job started by torchrun or another elastic agent"
-    if multiprocessing_helper():
+    if boot.multiprocessing_helper():  # a forked one has no thread of its parent's
         return "a helper process of rank 0 (multiprocessing), not the rank"
     return True
 
 
-def multiprocessing_helper(argv=None) -> bool:
-    """A process multiprocessing started with spawn or forkserver (its command line is
-    ``python -c "from multiprocessing.<module> import ..."``); a forked one has no thread of
-    its parent's, so no progress lines either."""
-    argv = list(argv if argv is not None else getattr(sys, "orig_argv", ()) or ())
-    return "-c" in argv[1:-1] and argv[argv.index("-c", 1) + 1].startswith(
-        "from multiprocessing.")
-
-
 @hookimpl
 def mmp_register_patches(session, registry):
-    heartbeat = Heartbeat(_say, _describe, quiet_s=QUIET_S, most_s=MOST_S)
+    heartbeat = Heartbeat(say, _describe, most_s=MOST_S)
     for name in ("stdout", "stderr"):
         registry.add(Patch(
             f"startup_progress.{name}", f"sys:{name}", "attribute",
@@ -84,7 +76,7 @@ def mmp_register_patches(session, registry):
         "startup_progress.first_step", "megatron.training.training:train_step", "wrap",
         functools.partial(_train_step, heartbeat), FEATURE.name, condition=launched_rank_zero,
         why="the progress lines end with the first training step", megatron=VERIFIED_MEGATRON))
-    if registry.toggles.is_off(FEATURE.name) or multiprocessing_helper():
+    if registry.toggles.is_off(FEATURE.name) or boot.multiprocessing_helper():
         return
     report_dir = session.settings.watchdog_dir
     # the lines themselves come from a thread of rank 0, started with the layer; the launcher's
@@ -97,10 +89,6 @@ def mmp_register_patches(session, registry):
         _end_at_the_first_optimizer_step(heartbeat)
     if os.environ.get("LOCAL_RANK") == "0":
         reports.mark_rank_started(report_dir)
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def _describe(elapsed: float) -> str:

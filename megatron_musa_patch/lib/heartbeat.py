@@ -18,6 +18,15 @@ import time
 from typing import Callable, Dict, Iterable, Optional
 
 
+#: how long without output before a line says what is being done
+QUIET_S = 5.0
+
+
+def say(line: str) -> None:
+    """A progress line, out at once."""
+    print(line, flush=True)
+
+
 class NoticingStream:
     """A text stream that calls ``on_write`` before each write; everything else is the
     stream's own."""
@@ -44,7 +53,7 @@ class Heartbeat:
     until :meth:`stop`, ``most_s`` seconds after :meth:`start`, or ``until()`` is true."""
 
     def __init__(self, say: Callable[[str], None], describe: Callable[[float], str], *,
-                 quiet_s: float = 5.0, most_s: float = 3600.0, poll_s: float = 0.5,
+                 quiet_s: float = QUIET_S, most_s: float = 3600.0, poll_s: float = 0.5,
                  until: Optional[Callable[[], bool]] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.say, self.describe, self.until = say, describe, until

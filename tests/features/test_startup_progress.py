@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import _megatron_musa_patch_boot as boot
+
 from megatron_musa_patch.features import startup_progress
 
 from megatron_musa_patch.lib.elastic import reports
@@ -30,7 +32,7 @@ def test_a_helper_of_rank_0_is_not_rank_0(monkeypatch, argv, helper):
     inherit RANK=0: they say nothing (they would until their MOST_S)."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert startup_progress.multiprocessing_helper(argv) is helper
+    assert boot.multiprocessing_helper(argv) is helper
     monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
     assert (startup_progress.launched_rank_zero() is True) is (not helper)
 
