@@ -22,6 +22,7 @@ import heapq
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import PluginError
+from .records import VERIFIED, Patch, patches_at
 
 FEATURES_PACKAGE = "megatron_musa_patch.features"
 
@@ -36,17 +37,39 @@ class Feature:
     flag_needs: Tuple[Any, ...] = ()
     #: features or groups registered before this one (see the module docstring)
     after: Tuple[str, ...] = ()
+    #: earlier names of this feature, which toggles still take (a feature that moved)
+    aliases: Tuple[str, ...] = ()
+    #: a feature of this package (``feature()``): its records were verified with the layer
+    builtin: bool = dataclasses.field(default=False, compare=False)
+
+    def record_id(self, part: str = "") -> str:
+        """The id of this feature's record ``part`` (the feature's own name for ``""``)."""
+        return f"{self.name}.{part}" if part else self.name
+
+    def patch(self, part: str, target: str, kind: str, impl: Any, **fields: Any) -> Patch:
+        """This feature's record ``part`` (``core.records.Patch``). A built-in feature's record
+        takes the layer's verified megatron-core range unless it names one."""
+        if self.builtin:
+            fields.setdefault("megatron", VERIFIED)
+        return Patch(self.record_id(part), target, kind, impl, self.name, **fields)
+
+    def patches_at(self, name: str, part: str, kind: str, impl: Any, **fields: Any) -> list:
+        """This feature's records on the logical target ``name`` (``core.records.patches_at``)."""
+        if self.builtin:
+            fields.setdefault("megatron", VERIFIED)
+        return patches_at(name, self.record_id(part), kind, impl, self.name, **fields)
 
 
 def feature(module_name: str, description: str, *, required: bool = False,
-            flag_needs: Sequence[Any] = (), after: Sequence[str] = ()) -> Feature:
+            flag_needs: Sequence[Any] = (), after: Sequence[str] = (),
+            aliases: Sequence[str] = ()) -> Feature:
     """The declaration of the built-in feature defined by module ``module_name``."""
     prefix = FEATURES_PACKAGE + "."
     if not module_name.startswith(prefix):
         raise PluginError(f"feature() is for modules under {FEATURES_PACKAGE} ({module_name} is "
                           f"not one); an external plugin declares Feature('name', ...).")
     return Feature(module_name[len(prefix):], description, required, tuple(flag_needs),
-                   tuple(after))
+                   tuple(after), tuple(aliases), builtin=True)
 
 
 def declaration(plugin: Any) -> Optional[Feature]:

@@ -34,7 +34,6 @@ import wrapt
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_installed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -42,8 +41,6 @@ FEATURE = feature(
     "rank 0's start-up log in brief: Megatron's argument list as one line, its INFO messages "
     "off the console, TE/Apex warnings as one line")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 #: upstream's warnings that TransformerEngine / Apex are missing (megatron.core and
 #: megatron.training, every supported release)
@@ -68,40 +65,46 @@ def mmp_register_patches(session, registry):
             return "MEGATRON_MUSA_PATCH_LOG=full"
         return True if not te_installed() else "TransformerEngine is installed"
 
-    registry.add(Patch(
-        "brief_log.arguments", "megatron.training.arguments:_print_args", "wrap",
-        functools.partial(_print_args, session, state), FEATURE.name, condition=when_brief,
+    registry.add(FEATURE.patch(
+        "arguments", "megatron.training.arguments:_print_args", "wrap",
+        functools.partial(_print_args, session, state), condition=when_brief,
         why="Megatron's list of every argument as one line: how many were given, how many "
-            "more validate_args set",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "brief_log.logging_level", "megatron.training.arguments:validate_args", "wrap",
-        _after_validation, FEATURE.name, condition=when_brief,
+            "more validate_args set"))
+    registry.add(FEATURE.patch(
+        "logging_level", "megatron.training.arguments:validate_args", "wrap",
+        _after_validation, condition=when_brief,
         why="Megatron's INFO messages off the console unless --logging-level or "
-            f"{LEVEL_ENV} asks for them", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "brief_log.theoretical_memory_once",
-        "megatron.training.training:report_theoretical_memory", "wrap",
-        functools.partial(_theoretical_memory, state), FEATURE.name,
-        condition=when_brief, why="the theoretical memory footprint as its one summary line, "
-                                  "once (not its parameter counts after each of the first two "
-                                  "iterations)",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "brief_log.startup_timestamps", "megatron.training.training:print_datetime", "wrap",
-        _print_datetime, FEATURE.name, condition=when_brief,
-        why="the start-up timestamps printed after the fact are not printed",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "brief_log.te_apex_warnings", "warnings:warn", "wrap",
-        functools.partial(_warn, state), FEATURE.name, condition=when_brief_without_te,
-        why="upstream's warnings that TransformerEngine and Apex are missing, as one line",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "brief_log.warning_format", "warnings:formatwarning", "replace", one_line_warning,
-        FEATURE.name, condition=when_brief,
-        why="a warning on one line (not followed by the source line that raised it)",
-        megatron=VERIFIED_MEGATRON))
+            f"{LEVEL_ENV} asks for them"))
+    registry.add(
+        FEATURE.patch(
+            "theoretical_memory_once",
+            "megatron.training.training:report_theoretical_memory",
+            "wrap",
+            functools.partial(_theoretical_memory, state),
+            condition=when_brief,
+            why="the theoretical memory footprint as its one summary line, "
+            "once (not its parameter counts after each of the first two "
+            "iterations)",
+        )
+    )
+    registry.add(FEATURE.patch(
+        "startup_timestamps", "megatron.training.training:print_datetime", "wrap",
+        _print_datetime, condition=when_brief,
+        why="the start-up timestamps printed after the fact are not printed"))
+    registry.add(FEATURE.patch(
+        "te_apex_warnings", "warnings:warn", "wrap",
+        functools.partial(_warn, state), condition=when_brief_without_te,
+        why="upstream's warnings that TransformerEngine and Apex are missing, as one line"))
+    registry.add(
+        FEATURE.patch(
+            "warning_format",
+            "warnings:formatwarning",
+            "replace",
+            one_line_warning,
+            condition=when_brief,
+            why="a warning on one line (not followed by the source line that raised it)",
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- warnings

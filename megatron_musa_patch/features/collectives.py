@@ -30,7 +30,7 @@ import wrapt
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 
@@ -39,9 +39,6 @@ FEATURE = feature(
     "nccl mapped to the device's collective backend (mccl on MUSA, gloo on CPU)",
     required=True)
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 BACKEND_CHOICES = ("nccl", "mccl", "gloo")
 
@@ -51,60 +48,114 @@ def mmp_register_patches(session, registry, device):
     devices = OFF_CUDA
     why = f"backend 'nccl' runs on {device.backend}"
     records = [
-        Patch("collectives.init_process_group", "torch.distributed:init_process_group", "replace",
-              _over_torch("init_process_group", functools.partial(_init_process_group, device)),
-              FEATURE.name, devices=devices, strict=True, why=why,
-              megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH),
-        Patch("collectives.new_group", "torch.distributed:new_group", "replace",
-              _over_torch("new_group", functools.partial(_with_backend, device)), FEATURE.name,
-              devices=devices, strict=True, why=why,
-              megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH),
+        FEATURE.patch(
+            "init_process_group",
+            "torch.distributed:init_process_group",
+            "replace",
+            _over_torch("init_process_group", functools.partial(_init_process_group, device)),
+            devices=devices,
+            strict=True,
+            why=why,
+            torch=VERIFIED,
+        ),
+        FEATURE.patch(
+            "new_group",
+            "torch.distributed:new_group",
+            "replace",
+            _over_torch("new_group", functools.partial(_with_backend, device)),
+            devices=devices,
+            strict=True,
+            why=why,
+            torch=VERIFIED,
+        ),
         # torch's own helpers call distributed_c10d.new_group directly, past the record above
-        *(Patch(f"collectives.{name}", f"torch.distributed:{name}", "replace",
-                _over_torch(name, functools.partial(_with_backend_argument, device)), FEATURE.name,
-                devices=devices, strict=True, why=f"{why} (HyperCommGrid's groups)",
-                megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH)
-          for name in ("new_subgroups_by_enumeration", "new_subgroups")),
-        Patch("collectives.get_backend", "torch.distributed:get_backend", "replace",
-              _over_torch("get_backend", functools.partial(_get_backend, device)), FEATURE.name,
-              devices=frozenset({MUSA.name}), strict=True,
-              condition=lambda: bool(device.backend_alias) or "no backend alias",
-              why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}",
-              megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH),
+        *(
+            FEATURE.patch(
+                name,
+                f"torch.distributed:{name}",
+                "replace",
+                _over_torch(name, functools.partial(_with_backend_argument, device)),
+                devices=devices,
+                strict=True,
+                why=f"{why} (HyperCommGrid's groups)",
+                torch=VERIFIED,
+            )
+            for name in ("new_subgroups_by_enumeration", "new_subgroups")
+        ),
+        FEATURE.patch(
+            "get_backend",
+            "torch.distributed:get_backend",
+            "replace",
+            _over_torch("get_backend", functools.partial(_get_backend, device)),
+            devices=frozenset({MUSA.name}),
+            strict=True,
+            condition=lambda: bool(device.backend_alias) or "no backend alias",
+            why=f"Megatron's 'nccl' checks hold for {device.backend_alias or 'mccl'}",
+            torch=VERIFIED,
+        ),
     ]
     registry.extend(session.torch_mapping.arbitrate(records))
-    registry.add(Patch("collectives.isend_private_copy",
-                       "torch.distributed.distributed_c10d:isend", "wrap", _isend_copy,
-                       FEATURE.name, devices=frozenset({CPU.name}), strict=True,
-                       rebind=("torch.distributed",),
-                       why="gloo reads a send buffer until the send completes; Megatron "
-                           "frees pipeline outputs right after isend (stream-ordered on GPUs)",
-                           megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
+    registry.add(
+        FEATURE.patch(
+            "isend_private_copy",
+            "torch.distributed.distributed_c10d:isend",
+            "wrap",
+            _isend_copy,
+            devices=frozenset({CPU.name}),
+            strict=True,
+            rebind=("torch.distributed",),
+            why="gloo reads a send buffer until the send completes; Megatron "
+            "frees pipeline outputs right after isend (stream-ordered on GPUs)",
+            torch=VERIFIED,
+        )
+    )
     for name, impl in (("all_gather_into_tensor", _gather_as_gloo_shapes),
                        ("reduce_scatter_tensor", _scatter_as_gloo_shapes)):
-        registry.add(Patch(f"collectives.{name}_shapes",
-                           f"torch.distributed.distributed_c10d:{name}", "wrap", impl, FEATURE.name,
-                           devices=frozenset({CPU.name}), strict=True, rebind=("torch.distributed",),
-                           why="gloo wants the large tensor in dim-0 chunks of the small one's "
-                               "shape; NCCL and MCCL take any shapes of the right sizes "
-                               "(Megatron gathers 2-D shards into flat buffers)",
-                               megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
-    registry.add(Patch("collectives.all_gather_uneven", "torch.distributed.distributed_c10d:"
-                       "all_gather", "wrap", _gather_uneven_as_gloo, FEATURE.name,
-                       devices=frozenset({CPU.name}), strict=True, rebind=("torch.distributed",),
-                       why="gloo wants every output of the input's shape; NCCL gathers shards "
-                           "of different sizes (Megatron-FSDP's uneven DTensors)",
-                           megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
-    registry.add(Patch("collectives.autograd_all_to_all",
-                       "torch.distributed.nn.functional:_AlltoAll.forward", "wrap",
-                       _all_to_all_point_to_point, FEATURE.name, devices=frozenset({CPU.name}),
-                       strict=True,
-                       why="torch's autograd all_to_all on gloo is a loop of scatters that names "
-                           "each source by its group rank as if it were a global rank (wrong on "
-                           "any group but the world) and needs one shape for all a rank sends; "
-                           "NCCL takes any group and sizes (Megatron's dynamic-resolution "
-                           "context-parallel gather)",
-                           megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
+        registry.add(
+            FEATURE.patch(
+                f"{name}_shapes",
+                f"torch.distributed.distributed_c10d:{name}",
+                "wrap",
+                impl,
+                devices=frozenset({CPU.name}),
+                strict=True,
+                rebind=("torch.distributed",),
+                why="gloo wants the large tensor in dim-0 chunks of the small one's "
+                "shape; NCCL and MCCL take any shapes of the right sizes "
+                "(Megatron gathers 2-D shards into flat buffers)",
+                torch=VERIFIED,
+            )
+        )
+    registry.add(
+        FEATURE.patch(
+            "all_gather_uneven",
+            "torch.distributed.distributed_c10d:" "all_gather",
+            "wrap",
+            _gather_uneven_as_gloo,
+            devices=frozenset({CPU.name}),
+            strict=True,
+            rebind=("torch.distributed",),
+            why="gloo wants every output of the input's shape; NCCL gathers shards "
+            "of different sizes (Megatron-FSDP's uneven DTensors)",
+            torch=VERIFIED,
+        )
+    )
+    registry.add(
+        FEATURE.patch(
+            "autograd_all_to_all",
+            "torch.distributed.nn.functional:_AlltoAll.forward",
+            "wrap",
+            _all_to_all_point_to_point,
+            devices=frozenset({CPU.name}),
+            strict=True,
+            why="torch's autograd all_to_all on gloo is a loop of scatters that names "
+            "each source by its group rank as if it were a global rank (wrong on "
+            "any group but the world) and needs one shape for all a rank sends; "
+            "NCCL takes any group and sizes (Megatron's dynamic-resolution "
+            "context-parallel gather)",
+            torch=VERIFIED,
+        )
+    )
 
 
 def _over_torch(name, wrapper):

@@ -30,13 +30,9 @@ from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.offload import dtypes as dtype_rules
 from megatron_musa_patch.lib.offload import hybrid
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import OFF_CUDA
 
-
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 HYBRID = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer:HybridDeviceOptimizer."
 DISTOPT = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer."
@@ -72,8 +68,7 @@ FEATURE = feature(
 @hookimpl
 def mmp_register_patches(registry, device):
     def add(pid, target, kind, impl, why):
-        registry.add(Patch(f"{FEATURE.name}.{pid}", target, kind, impl, FEATURE.name, why=why,
-            megatron=VERIFIED_MEGATRON))
+        registry.add(FEATURE.patch(pid, target, kind, impl, why=why))
 
     add("split", HYBRID + "_get_sub_optimizer_param_groups", "replace",
         hybrid.split_param_groups_for(device),

@@ -24,7 +24,6 @@ import contextlib
 from megatron_musa_patch.upstream.conditions import importable, missing
 from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.upstream.triton_free import execute_without_triton
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import OFF_CUDA
@@ -34,8 +33,6 @@ FEATURE = feature(
     "Megatron-LM start-up without make, nvcc or triton where they are not needed",
     required=True)
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"  # for messages
 
@@ -43,39 +40,36 @@ BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kerne
 @hookimpl
 def mmp_register_patches(session, registry, device):
     eager = device.jit_mode(session.settings.jit) == "eager"
-    registry.add(Patch(
-        f"{FEATURE.name}.compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
-        _compile_helpers_if_missing, FEATURE.name,
-        why="skip `make` when the compiled dataset helpers already import",
-        megatron=VERIFIED_MEGATRON))
-    registry.extend(patches_at(
-        "legacy_fused_kernels_load", f"{FEATURE.name}.fused_kernels_load", "replace",
-        _no_fused_kernels, FEATURE.name, devices=OFF_CUDA,
-        why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.jit_warmup", "megatron.training.initialize:_warmup_jit_function",
-        "replace", _no_jit_warmup, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "compile_helpers", "megatron.core.datasets.utils:compile_helpers", "wrap",
+        _compile_helpers_if_missing,
+        why="skip `make` when the compiled dataset helpers already import"))
+    registry.extend(FEATURE.patches_at(
+        "legacy_fused_kernels_load", "fused_kernels_load", "replace",
+        _no_fused_kernels, devices=OFF_CUDA,
+        why="legacy fused kernels are CUDA-only (nvcc); nothing to build off CUDA"))
+    registry.add(FEATURE.patch(
+        "jit_warmup", "megatron.training.initialize:_warmup_jit_function",
+        "replace", _no_jit_warmup,
         condition=lambda: eager or "@jit_fuser compiles here: the warm-up compiles its kernels",
-        why="@jit_fuser is eager here: the warm-up would compile nothing",
-        megatron=VERIFIED_MEGATRON))
-    registry.extend(patches_at(
-        "batch_invariant_kernels", f"{FEATURE.name}.batch_invariant_stand_in", "module",
-        _batch_invariant_stand_in, FEATURE.name, condition=lambda: missing("triton"),
+        why="@jit_fuser is eager here: the warm-up would compile nothing"))
+    registry.extend(FEATURE.patches_at(
+        "batch_invariant_kernels", "batch_invariant_stand_in", "module",
+        _batch_invariant_stand_in, condition=lambda: missing("triton"),
         why="triton is not installed: --batch-invariant-mode raises a clear error instead of "
-            "initialize.py failing to import", megatron=VERIFIED_MEGATRON))
-    registry.extend(patches_at(
-        "paged_stash_kernels", f"{FEATURE.name}.paged_stash_without_triton", "module",
-        _paged_stash_without_triton, FEATURE.name, condition=lambda: missing("triton"),
+            "initialize.py failing to import"))
+    registry.extend(FEATURE.patches_at(
+        "paged_stash_kernels", "paged_stash_without_triton", "module",
+        _paged_stash_without_triton, condition=lambda: missing("triton"),
         why="triton is not installed: `import megatron.core` works; --moe-paged-stash "
-            "explains that its kernels need triton", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.inference_tensor_ops_without_triton",
+            "explains that its kernels need triton"))
+    registry.add(FEATURE.patch(
+        "inference_tensor_ops_without_triton",
         "megatron.core.inference.contexts.attention_context.triton.tensor_ops:*", "module",
-        _inference_tensor_ops_without_triton, FEATURE.name, condition=lambda: missing("triton"),
+        _inference_tensor_ops_without_triton, condition=lambda: missing("triton"),
         why="triton is not installed: upstream's inference scripts import it through the Mamba "
             "builders (0.16-0.17's gpt_static_inference.py); the kernels explain that they "
-            "need triton", megatron=VERIFIED_MEGATRON))
+            "need triton"))
 
 
 def _compile_helpers_if_missing(wrapped, instance, args, kwargs):

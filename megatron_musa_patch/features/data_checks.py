@@ -30,7 +30,6 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.data import splits
 from megatron_musa_patch.data.errors import DataError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -38,8 +37,6 @@ FEATURE = feature(
     "--data-path pairs checked at start-up: present, undamaged, token ids within the "
     "tokenizer's vocabulary; a --split that leaves a dataset with no document refused")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 #: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids
 SCAN_TOKENS = 1 << 26
@@ -53,20 +50,18 @@ OTHER_RANKS_WAIT_S = 60.0
 def mmp_register_patches(session, registry):
     # (file, vocabulary size) pairs this run has checked: each file is read once per run
     checked = session.state_for(FEATURE.name, set)
-    registry.add(Patch(
-        "data_checks.gpt_low_level_dataset",
+    registry.add(FEATURE.patch(
+        "gpt_low_level_dataset",
         "megatron.core.datasets.gpt_dataset:GPTDataset.build_low_level_dataset", "wrap",
-        functools.partial(_build_low_level_dataset, checked), FEATURE.name,
-        why="check each --data-path pair and its token ids against the tokenizer",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "data_checks.empty_split",
+        functools.partial(_build_low_level_dataset, checked),
+        why="check each --data-path pair and its token ids against the tokenizer"))
+    registry.add(FEATURE.patch(
+        "empty_split",
         "megatron.core.datasets.blended_megatron_dataset_builder:"
         "BlendedMegatronDatasetBuilder.build", "wrap",
-        functools.partial(_build_datasets, session.is_rank_zero, time.sleep), FEATURE.name,
+        functools.partial(_build_datasets, session.is_rank_zero, time.sleep),
         why="refuse a --split that gives a dataset no document while samples are asked of it "
-            "(upstream loops forever building its index)",
-        megatron=VERIFIED_MEGATRON))
+            "(upstream loops forever building its index)"))
 
 
 def _build_datasets(is_rank_zero, sleep, wrapped, instance, args, kwargs):

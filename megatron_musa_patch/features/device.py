@@ -25,7 +25,7 @@ from megatron_musa_patch.device import torch_api
 from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 from megatron_musa_patch.core.errors import TorchMappingError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -33,11 +33,6 @@ FEATURE = feature(
     "torch.cuda, 'cuda' devices and Tensor CUDA spellings mapped to the selected device",
     required=True)
 
-
-#: the releases this feature's records were verified on (docs/compatibility.md); the torch-level
-#: records follow torch's own objects, and reach its private names (torch._C)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 logger = logging.getLogger("megatron_musa_patch")
 
@@ -50,9 +45,9 @@ def mmp_register_patches(session, registry, device):
     registry.extend(_megatron_patches(device))
     registry.extend(_host_rng_patches(device))
     registry.extend(_jit_patches(device, session.settings.jit))
-    registry.add(Patch(
-        "device.torchada_guard", "torchada:*", "module", _refuse_torchada, FEATURE.name, strict=True,
-        condition=mapping.guard_condition(), megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+    registry.add(FEATURE.patch(
+        "torchada_guard", "torchada:*", "module", _refuse_torchada, strict=True,
+        condition=mapping.guard_condition(), torch=VERIFIED,
         why="the layer maps torch here: a later `import torchada` would patch the same names "
             "again"))
 
@@ -65,66 +60,66 @@ def _refuse_torchada(module):
         "unset MEGATRON_MUSA_PATCH_TORCHADA on the musa row (the layer then imports it first).")
 
 
-def _strict(pid, target, kind, impl, why, devices=OFF_CUDA, **kw):
-    return Patch(pid, target, kind, impl, FEATURE.name, devices=frozenset(devices), strict=True,
-                 why=why, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH, **kw)
+def _strict(part, target, kind, impl, why, devices=OFF_CUDA, **kw):
+    return FEATURE.patch(part, target, kind, impl, devices=frozenset(devices), strict=True,
+                                 why=why, torch=VERIFIED, **kw)
 
 
 def _torch_cuda_patches(device):
     api = torch_api.device_api(device)
     why = f"torch.cuda.* answers for the {device.name} device"
     for name in torch_api.CUDA_API:
-        yield _strict(f"device.torch_cuda.{name}", f"torch.cuda:{name}", "attribute", api[name],
+        yield _strict(f"torch_cuda.{name}", f"torch.cuda:{name}", "attribute", api[name],
                       why, create=True)
     for module, names in torch_api.CUDA_SUBMODULE_API.items():
         for name in names:
-            yield _strict(f"device.{module[6:]}.{name}", f"{module}:{name}", "attribute",
+            yield _strict(f"{module[6:]}.{name}", f"{module}:{name}", "attribute",
                           api[name], why, create=True)
     for name, value in torch_api.nvtx_api(device).items():
-        yield _strict(f"device.cuda.nvtx.{name}", f"torch.cuda.nvtx:{name}", "attribute", value,
+        yield _strict(f"cuda.nvtx.{name}", f"torch.cuda.nvtx:{name}", "attribute", value,
                       "nvtx ranges are no-ops unless the device has its own", create=True)
 
 
 def _device_string_patches(device):
     why = f"'cuda' / integer device arguments mean {device.torch_type}"
     for name in torch_api.names_present(torch, torch_api.FACTORY_FUNCTIONS):
-        yield _strict(f"device.factory.{name}", f"torch:{name}", "replace",
+        yield _strict(f"factory.{name}", f"torch:{name}", "replace",
                       torch_api.factory(device, getattr(torch, name)), why)
     tensor = torch_api.original_tensor_method
     for name in torch_api.names_present(torch.Tensor, torch_api.TENSOR_DEVICE_METHODS):
-        yield _strict(f"device.tensor.{name}", f"torch:Tensor.{name}", "replace",
+        yield _strict(f"tensor.{name}", f"torch:Tensor.{name}", "replace",
                       torch_api.tensor_device_method(device, tensor(name)), why)
-    yield _strict("device.tensor.to", "torch:Tensor.to", "replace",
+    yield _strict("tensor.to", "torch:Tensor.to", "replace",
                   torch_api.tensor_to(device, tensor("to")), why)
-    yield _strict("device.tensor.cuda", "torch:Tensor.cuda", "replace",
+    yield _strict("tensor.cuda", "torch:Tensor.cuda", "replace",
                   torch_api.tensor_cuda(device, torch_api.original_tensor_method("cuda")), why)
-    yield _strict("device.module.to", "torch.nn:Module.to", "replace",
+    yield _strict("module.to", "torch.nn:Module.to", "replace",
                   torch_api.module_to(device, torch.nn.Module.to), why)
-    yield _strict("device.module.cuda", "torch.nn:Module.cuda", "replace",
+    yield _strict("module.cuda", "torch.nn:Module.cuda", "replace",
                   torch_api.module_cuda(device, torch.nn.Module.cuda), why)
-    yield _strict("device.torch_device", "torch:device", "attribute",
+    yield _strict("torch_device", "torch:device", "attribute",
                   torch_api.device_type(device), "torch.device('cuda') constructs the row's device")
-    yield _strict("device.torch_generator", "torch:Generator", "attribute",
+    yield _strict("torch_generator", "torch:Generator", "attribute",
                   torch_api.generator_type(device, torch.Generator),
                   "torch.Generator(device='cuda' or an index) makes the row's generator")
-    yield _strict("device.tensor.type", "torch:Tensor.type", "replace",
+    yield _strict("tensor.type", "torch:Tensor.type", "replace",
                   torch_api.tensor_type(device, tensor("type")),
                   "Megatron compares Tensor.type() with 'torch.cuda.FloatTensor' strings")
-    yield _strict("device.autocast", "torch.amp.autocast_mode:autocast.__init__", "replace",
+    yield _strict("autocast", "torch.amp.autocast_mode:autocast.__init__", "replace",
                   torch_api.autocast_init(device, torch.amp.autocast_mode.autocast.__init__),
                   why)
-    yield _strict("device.tensor.is_cuda", "torch:Tensor.is_cuda", "attribute",
+    yield _strict("tensor.is_cuda", "torch:Tensor.is_cuda", "attribute",
                   torch_api.is_cuda_property(device),
                   "Megatron's .is_cuda gates mean 'on the accelerator'", devices=frozenset({MUSA.name}))
-    yield _strict("device.tensor.pin_memory", "torch:Tensor.pin_memory", "replace",
+    yield _strict("tensor.pin_memory", "torch:Tensor.pin_memory", "replace",
                   torch_api.tensor_pin_memory(device, tensor("pin_memory")),
                   "no page-locked memory without an accelerator: host data is already host data",
                   devices=frozenset({CPU.name}))
-    yield _strict("device.dataloader_pin_memory", "torch.utils.data:DataLoader.__init__", "wrap",
+    yield _strict("dataloader_pin_memory", "torch.utils.data:DataLoader.__init__", "wrap",
                   _dataloader_without_pinning,
                   "no page-locked memory without an accelerator (avoids a warning per rank)",
                   devices=frozenset({CPU.name}))
-    yield _strict("device.tensor.record_stream", "torch:Tensor.record_stream", "replace",
+    yield _strict("tensor.record_stream", "torch:Tensor.record_stream", "replace",
                   torch_api.tensor_record_stream(device, tensor("record_stream")),
                   "CPU streams complete synchronously: nothing to keep alive", devices=frozenset({CPU.name}))
     # a CUDA build of torch (what pip gives on Python 3.12) names CUDA as its accelerator even
@@ -132,7 +127,7 @@ def _device_string_patches(device):
     # graph-capture check) would then call into CUDA: here there is no accelerator, as with a
     # CPU build of torch
     for name, value in (("current_accelerator", _no_accelerator), ("is_available", _false)):
-        yield _strict(f"device.accelerator.{name}", f"torch.accelerator:{name}", "replace", value,
+        yield _strict(f"accelerator.{name}", f"torch.accelerator:{name}", "replace", value,
                       "the CPU row has no accelerator, whatever torch was built for",
                       devices=frozenset({CPU.name}), condition=lambda: _torch_names_an_accelerator())
 
@@ -159,21 +154,26 @@ def _dataloader_without_pinning(wrapped, instance, args, kwargs):
 
 
 def _megatron_patches(device):
-    yield Patch(
-        "device.moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
-        "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy, FEATURE.name,
-        devices=frozenset({CPU.name}), strict=True, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+    yield FEATURE.patch(
+        "moe_move_to_cpu_numpy", "megatron.core.transformer.moe.moe_utils:"
+        "maybe_move_tensor_to_cpu", "wrap", _host_tensor_as_numpy,
+        devices=frozenset({CPU.name}), strict=True, torch=VERIFIED,
         why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
-    yield Patch(
-        "device.inference_broadcast_on_host", "megatron.core.inference.communication_utils:"
-        "_is_cuda", "replace", _on_the_host, FEATURE.name, devices=frozenset({CPU.name}), strict=True,
-        megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+    yield FEATURE.patch(
+        "inference_broadcast_on_host",
+        "megatron.core.inference.communication_utils:" "_is_cuda",
+        "replace",
+        _on_the_host,
+        devices=frozenset({CPU.name}),
+        strict=True,
+        torch=VERIFIED,
         why="inference with pipeline parallelism asserts .is_cuda before broadcasting the "
-            "logits and tokens between stages; on the CPU row they are host tensors")
-    yield Patch(
-        "device.rng_tracker_fork", "megatron.core.tensor_parallel.random:"
-        "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning, FEATURE.name,
-        devices=OFF_CUDA, megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+        "logits and tokens between stages; on the CPU row they are host tensors",
+    )
+    yield FEATURE.patch(
+        "rng_tracker_fork", "megatron.core.tensor_parallel.random:"
+        "CudaRNGStatesTracker.fork", "wrap", _fork_without_false_warning,
+        devices=OFF_CUDA, torch=VERIFIED,
         condition=lambda: device.rng_shared_with_host or
         f"the {device.name} generator is not the host's",
         why="device RNG is the host RNG here: the 'CPU RNG state changed' check cannot hold",
@@ -238,21 +238,20 @@ def _host_rng_patches(device):
     def shared():
         return device.rng_shared_with_host or f"the {device.name} generator is not the host's"
 
-    def record(pid, target, impl, why):
-        return Patch(pid, target, "wrap", impl, FEATURE.name, devices=frozenset({CPU.name}),
-                     strict=True, condition=shared, why=why, megatron=VERIFIED_MEGATRON,
-                     torch=VERIFIED_TORCH)
+    def record(part, target, impl, why):
+        return FEATURE.patch(part, target, "wrap", impl, devices=frozenset({CPU.name}),
+                                     strict=True, condition=shared, why=why, torch=VERIFIED)
 
     seeds = "torch.manual_seed seeds the host generator as on a GPU machine"
     for module in ("torch", "torch.random"):
-        yield record(f"device.host_rng.{module}.manual_seed", f"{module}:manual_seed",
+        yield record(f"host_rng.{module}.manual_seed", f"{module}:manual_seed",
                      _seeding_host(device, lambda result, args, kwargs: _seed_argument(args,
                                                                                        kwargs)),
                      seeds)
-        yield record(f"device.host_rng.{module}.seed", f"{module}:seed",
+        yield record(f"host_rng.{module}.seed", f"{module}:seed",
                      _seeding_host(device, lambda result, args, kwargs: result), seeds)
     yield record(
-        "device.host_rng.cpu_initialization",
+        "host_rng.cpu_initialization",
         "megatron.core.tensor_parallel.layers:_initialize_affine_weight_cpu",
         lambda wrapped, instance, args, kwargs: _on_host_rng(device, wrapped, args, kwargs),
         "use_cpu_initialization draws from the host generator, whatever the device seed")
@@ -286,10 +285,9 @@ def _jit_patches(device, setting: str):
     def needed():
         return True if not upstream else "upstream's own torch.compile on CUDA"
 
-    yield Patch(
-        "device.jit_fuser", "megatron.core.jit:jit_fuser", "attribute",
-        _eager if mode == "eager" else compile_with_fallback, FEATURE.name, condition=needed,
-        megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH,
+    yield FEATURE.patch(
+        "jit_fuser", "megatron.core.jit:jit_fuser", "attribute",
+        _eager if mode == "eager" else compile_with_fallback, condition=needed, torch=VERIFIED,
         why=f"@jit_fuser = {mode} on {device.name} (MEGATRON_MUSA_PATCH_JIT=auto|compile|eager)",
     )
 

@@ -31,12 +31,8 @@ import logging
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
-
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 logger = logging.getLogger("megatron_musa_patch")
 #: printed once per run on rank 0 when the SDPA path first runs
@@ -66,12 +62,11 @@ class _Said:
 @hookimpl
 def mmp_register_patches(session, registry):
     said = session.state_for(FEATURE.name, _Said)
-    registry.add(Patch(
-        f"{FEATURE.name}.core_attention",
+    registry.add(FEATURE.patch(
+        "core_attention",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.forward", "wrap",
-        functools.partial(_forward, said, session.is_rank_zero()), FEATURE.name,
-        why="--use-flash-attn: local core attention through scaled_dot_product_attention",
-        megatron=VERIFIED_MEGATRON))
+        functools.partial(_forward, said, session.is_rank_zero()),
+        why="--use-flash-attn: local core attention through scaled_dot_product_attention"))
 
 
 @hookimpl

@@ -26,7 +26,7 @@ import signal
 from megatron_musa_patch.core.errors import PatchError
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.upstream import tables
 from megatron_musa_patch.upstream.args import args_read_by
 
 FEATURE = feature(
@@ -34,8 +34,6 @@ FEATURE = feature(
     "the torch_dist writer's results queue is served by a process forked before the process "
     "groups exist: no spawned start-up at each rank's first checkpoint save")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 INITIALIZE = "megatron.training.initialize"
 WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async"
@@ -46,12 +44,11 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        "forked_write_queue.initialize_distributed", f"{INITIALIZE}:_initialize_distributed",
-        "wrap", _before_process_groups, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "initialize_distributed", f"{INITIALIZE}:_initialize_distributed",
+        "wrap", _before_process_groups,
         why="a rank that saves torch_dist checkpoints forks the writer's results manager before "
-            "its process groups exist, instead of spawning one at its first save",
-        megatron=VERIFIED_MEGATRON))
+            "its process groups exist, instead of spawning one at its first save"))
 
 
 def _before_process_groups(wrapped, instance, args, kwargs):
@@ -77,7 +74,7 @@ def install_forked_queue() -> None:
         raise PatchError(
             f"feature {FEATURE.name}: {WRITER} has no {QUEUE} (this "
             f"megatron-core keeps the checkpoint writer's results queue elsewhere; the feature "
-            f"was verified on megatron-core {VERIFIED_MEGATRON}). Switch it off with "
+            f"was verified on megatron-core {tables.MEGATRON_VERIFIED}). Switch it off with "
             f"MEGATRON_MUSA_PATCH_DISABLE={FEATURE.name}.")
     if getattr(writer, QUEUE) is None:
         setattr(writer, QUEUE, forked_queue())

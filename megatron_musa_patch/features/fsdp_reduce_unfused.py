@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
 
@@ -24,9 +24,6 @@ FEATURE = feature(
     "CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of NCCL's "
     "PREMUL_SUM, which gloo does not have")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 #: where megatron-fsdp picks its gradients' reduce op (every supported release)
 FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer"
@@ -34,10 +31,18 @@ FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE.name}.preprocessing", f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
-                       "wrap", _without_div_fusion, FEATURE.name, devices=frozenset({CPU.name}),
-                       why="gradient_reduce_div_fusion reduces with NCCL's PREMUL_SUM, which "
-                           "gloo does not have", megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
+    registry.add(
+        FEATURE.patch(
+            "preprocessing",
+            f"{FSDP_BUFFERS}:gradient_reduce_preprocessing",
+            "wrap",
+            _without_div_fusion,
+            devices=frozenset({CPU.name}),
+            why="gradient_reduce_div_fusion reduces with NCCL's PREMUL_SUM, which "
+            "gloo does not have",
+            torch=VERIFIED,
+        )
+    )
 
 
 def _without_div_fusion(wrapped, instance, args, kwargs):

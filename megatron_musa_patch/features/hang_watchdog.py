@@ -22,7 +22,6 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
@@ -33,8 +32,6 @@ FEATURE = feature(
     "torchrun can restart the group",
     after=("throughput",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 TRAINING = "megatron.training.training"
 #: set by torchrun (any elastic agent) in each rank's environment
@@ -47,9 +44,8 @@ def mmp_register_patches(session, registry):
     report_dir = session.settings.watchdog_dir
 
     def add(pid, name, impl, why):
-        registry.add(Patch(f"hang_watchdog.{pid}", f"{TRAINING}:{name}", "wrap",
-                           functools.partial(impl, state, report_dir), FEATURE.name, why=why,
-                           megatron=VERIFIED_MEGATRON))
+        registry.add(FEATURE.patch(pid, f"{TRAINING}:{name}", "wrap",
+                                   functools.partial(impl, state, report_dir), why=why))
 
     add("train", "train", _train, "the training loop arms the deadline of reaching each step")
     add("train_step", "train_step", _train_step, "a training step has a deadline")

@@ -22,7 +22,6 @@ import types
 
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import patches_at
 from megatron_musa_patch.upstream.module_source import execute_real_source
 
 FEATURE = feature(
@@ -30,17 +29,19 @@ FEATURE = feature(
     "torch.compile called by a megatron-core module as it is imported compiles at the first "
     "call: the import does not load torch's compiler (seconds a process from 0.17)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.17,<0.20"
-
-
 @hookimpl
 def mmp_register_patches(registry):
-    registry.extend(patches_at(
-        "compile_at_import", f"{FEATURE.name}.moe_router", "module", _router_with_lazy_compile,
-        FEATURE.name, megatron=VERIFIED_MEGATRON,
-        why="@torch.compile on InferenceTopKRouter's routing compiles at its first call; "
-            "`import megatron.core` no longer imports torch's compiler (dynamo, inductor)"))
+    registry.extend(
+        FEATURE.patches_at(
+            "compile_at_import",
+            "moe_router",
+            "module",
+            _router_with_lazy_compile,
+            megatron=">=0.17",
+            why="@torch.compile on InferenceTopKRouter's routing compiles at its first call; "
+            "`import megatron.core` no longer imports torch's compiler (dynamo, inductor)",
+        )
+    )
 
 
 def _router_with_lazy_compile(module) -> None:

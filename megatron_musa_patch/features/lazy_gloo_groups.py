@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
 
@@ -27,9 +27,6 @@ FEATURE = feature(
     "CPU row: gloo process groups connect on first use, as NCCL's communicators do "
     "(TORCH_GLOO_LAZY_INIT around group creation)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 
@@ -38,12 +35,18 @@ LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
 def mmp_register_patches(registry):
     # every sub-group goes through it: new_group, new_subgroups(_by_enumeration), and
     # megatron-core's HyperCommGrid through those; init_process_group does not
-    registry.add(Patch(f"{FEATURE.name}.new_group", "torch.distributed.distributed_c10d:"
-                       "_new_group_with_tag", "wrap", _lazily, FEATURE.name,
-                       devices=frozenset({CPU.name}),
-                       why="Megatron makes tens of groups and uses few; NCCL connects a group "
-                           "on its first collective, gloo now too",
-                           megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
+    registry.add(
+        FEATURE.patch(
+            "new_group",
+            "torch.distributed.distributed_c10d:" "_new_group_with_tag",
+            "wrap",
+            _lazily,
+            devices=frozenset({CPU.name}),
+            why="Megatron makes tens of groups and uses few; NCCL connects a group "
+            "on its first collective, gloo now too",
+            torch=VERIFIED,
+        )
+    )
 
 
 def _lazily(wrapped, instance, args, kwargs):

@@ -19,7 +19,6 @@ import functools
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.flag_needs import unavailable_errors
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import declaration, feature
 
 FEATURE = feature(
@@ -27,25 +26,21 @@ FEATURE = feature(
     "plugin argument groups and validation inside Megatron's parse_args/validate_args",
     required=True)
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(session, registry):
     def add(pid, target, impl, why):
-        registry.add(Patch(f"megatron_args.{pid}", target, "wrap",
-                           functools.partial(impl, session), FEATURE.name, strict=True, why=why,
-                           megatron=VERIFIED_MEGATRON))
+        registry.add(FEATURE.patch(pid, target, "wrap",
+                                   functools.partial(impl, session), strict=True, why=why))
 
     add("parse_args", "megatron.training.arguments:parse_args", _parse_args,
         "adds plugin argument groups to Megatron's parser")
     add("validate_args", "megatron.training.arguments:validate_args", _validate_args,
         "plugin flag checks run before Megatron's")
-    registry.extend(patches_at(
-        "core_transformer_config_from_args", "megatron_args.transformer_config", "wrap",
-        functools.partial(_transformer_config, session), FEATURE.name, strict=True,
-        why="plugins carry their flags onto the TransformerConfig", megatron=VERIFIED_MEGATRON))
+    registry.extend(FEATURE.patches_at(
+        "core_transformer_config_from_args", "transformer_config", "wrap",
+        functools.partial(_transformer_config, session), strict=True,
+        why="plugins carry their flags onto the TransformerConfig"))
     add("optimizer_config", "megatron.training.training:get_megatron_optimizer_config",
         _optimizer_config, "plugins carry their flags onto the OptimizerConfig")
 

@@ -32,13 +32,9 @@ from megatron_musa_patch.upstream.binding import call_arguments, has_parameter
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
-
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 FEATURE = feature(
     __name__,
@@ -52,25 +48,24 @@ FEATURE = feature(
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        "mla_local.dot_product_attention_channels",
+    registry.add(FEATURE.patch(
+        "dot_product_attention_channels",
         "megatron.core.transformer.dot_product_attention:DotProductAttention.__init__", "wrap",
-        _accept_k_v_channels, FEATURE.name,
-        why="MLA passes k_channels/v_channels: set the output width and default scale from them",
-        megatron=VERIFIED_MEGATRON))
+        _accept_k_v_channels,
+        why="MLA passes k_channels/v_channels: set the output width and default scale from them"))
     until, ends = fixed_upstream("mla_knows_te_is_missing", since="0.16.1")
-    registry.add(Patch(
-        "mla_local.have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
-        "attribute", False, FEATURE.name, condition=te_missing, megatron=until, ends=ends,
+    registry.add(FEATURE.patch(
+        "have_te", "megatron.core.transformer.multi_latent_attention:HAVE_TE",
+        "attribute", False, condition=te_missing, megatron=until, ends=ends,
         why="its TE names are None without TE; the module believed TE was there"))
     registry.extend(_norm_linear_records())
 
 
 def _norm_linear_records():
-    return [Patch(
-        "mla_local.fused_q_norm",
+    return [FEATURE.patch(
+        "fused_q_norm",
         "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.__init__", "wrap",
-        _with_local_fused_q_norm, FEATURE.name, megatron=">=0.19,<0.20",
+        _with_local_fused_q_norm, megatron=">=0.19",
         starts="the Q/KV norm resolver exists from 0.19",
         why="MLA without a query LoRA: the query projection's fused norm, built from "
             "megatron-core's own layers where TE's is missing (as TE's spec resolves it)")]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream import facts
 from megatron_musa_patch.core.feature import feature
 
@@ -57,10 +56,10 @@ def mmp_transformer_config(args, config):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        f"{FEATURE.name}.resolve",
+    registry.add(FEATURE.patch(
+        "resolve",
         "megatron.core.transformer.mla_qk_norm_config:QKNormConfigResolver.resolve", "wrap",
-        _plain_q_proj, FEATURE.name, megatron=f">={facts.since(FACT)},<0.20",
+        _plain_q_proj, megatron=f">={facts.since(FACT)}",
         starts=f"megatron-core {facts.since(FACT)} adds the query norm",
         why="--mla-q-proj-without-norm: the query projection without the norm 0.19 fuses in"))
 

@@ -30,12 +30,8 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import importable, te_installed
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
-
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 TE_FUSED = ("fused_permute", "fused_permute_with_probs", "fused_unpermute",
@@ -84,8 +80,8 @@ def mmp_register_patches(registry):
     from megatron_musa_patch.lib.ops import moe_permute
 
     def add(pid, target, kind, impl, condition, why, **extra):
-        registry.add(Patch(f"{FEATURE.name}.{pid}", target, kind, impl, FEATURE.name, condition=condition,
-                           why=why, **extra, megatron=VERIFIED_MEGATRON))
+        registry.add(FEATURE.patch(pid, target, kind, impl, condition=condition,
+                                   why=why, **extra))
 
     for name in TE_FUSED:
         add(name, f"{MOE_UTILS}:{name}", "attribute", getattr(moe_permute, name), _without_te,
@@ -99,16 +95,20 @@ def mmp_register_patches(registry):
     # the local spec's grouped-GEMM experts (GroupedMLP and its glue exist before 0.17 only)
     for name, value in (("grouped_gemm", _GroupedGemmPackage()),
                         ("ops", _GroupedGemmPackage.ops)):
-        registry.extend(patches_at(
-            "grouped_gemm_util", f"{FEATURE.name}.grouped_gemm_{'ops' if name == 'ops' else 'package'}",
-            "attribute", value, FEATURE.name, condition=_without_grouped_gemm, create=True,
-            attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm",
-            megatron=VERIFIED_MEGATRON))
-    registry.extend(patches_at(
-        "grouped_mlp_forward", f"{FEATURE.name}.grouped_mlp_dtype", "wrap", _grouped_mlp_forward,
-        FEATURE.name, condition=_without_grouped_gemm,
-        why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype",
-        megatron=VERIFIED_MEGATRON))
+        registry.extend(FEATURE.patches_at(
+            "grouped_gemm_util", f"grouped_gemm_{'ops' if name == 'ops' else 'package'}",
+            "attribute", value, condition=_without_grouped_gemm, create=True,
+            attribute=name, why="--moe-grouped-gemm: gmm from ops.grouped_gemm"))
+    registry.extend(
+        FEATURE.patches_at(
+            "grouped_mlp_forward",
+            "grouped_mlp_dtype",
+            "wrap",
+            _grouped_mlp_forward,
+            condition=_without_grouped_gemm,
+            why="GroupedMLP's bf16-only assertion is the package's; ops.grouped_gemm runs any dtype",
+        )
+    )
     add("capability_check", "megatron.training.arguments:validate_args", "wrap",
         _validate_args, _without_grouped_gemm,
         "--moe-grouped-gemm passes Megatron-LM's CUDA compute-capability assertion")

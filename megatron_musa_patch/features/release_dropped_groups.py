@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
 
@@ -31,10 +31,6 @@ FEATURE = feature(
     "destroy_model_parallel destroys the gloo groups initialize_model_parallel made (CPU row), "
     "instead of leaving their sockets and threads behind")
 
-#: the releases this feature's records were verified on (docs/compatibility.md); it reads
-#: torch's private registry of process groups (distributed_c10d._world)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 PARALLEL_STATE = "megatron.core.parallel_state"
 
@@ -76,12 +72,12 @@ def _registered():
 @hookimpl
 def mmp_register_patches(registry):
     groups = ModelParallelGroups()
-    record = functools.partial(Patch, feature=FEATURE.name, devices=frozenset({CPU.name}),
-                               megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH)
-    registry.add(record(f"{FEATURE.name}.initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
+    # torch=: it reads torch's private registry of process groups (distributed_c10d._world)
+    record = functools.partial(FEATURE.patch, devices=frozenset({CPU.name}), torch=VERIFIED)
+    registry.add(record("initialize", f"{PARALLEL_STATE}:initialize_model_parallel",
                         "wrap", groups.record_initialize,
                         why="remember the groups it registers, to destroy them with it"))
-    registry.add(record(f"{FEATURE.name}.destroy", f"{PARALLEL_STATE}:destroy_model_parallel",
+    registry.add(record("destroy", f"{PARALLEL_STATE}:destroy_model_parallel",
                         "wrap", groups.release_on_destroy,
                         why="a dropped gloo group keeps its sockets and threads: each later "
                             "initialisation slows down"))

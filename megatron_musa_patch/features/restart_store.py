@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
+from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
@@ -36,9 +36,6 @@ FEATURE = feature(
     __name__,
     "a group torchrun restarts gets store keys of its own (no stale peer addresses)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 INITIALIZE = "megatron.training.initialize"
 SHARED = "TORCHELASTIC_USE_AGENT_STORE"
@@ -48,12 +45,16 @@ PREFIX = "mmp_attempt_"
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    registry.add(Patch(
-        "restart_store.initialize_distributed",
-        f"{INITIALIZE}:_initialize_distributed", "wrap",
-        functools.partial(_initialize_distributed, session.state_for(FEATURE.name)), FEATURE.name,
-        why="a restarted group's process groups do not read the previous attempt's addresses",
-        megatron=VERIFIED_MEGATRON, torch=VERIFIED_TORCH))
+    registry.add(
+        FEATURE.patch(
+            "initialize_distributed",
+            f"{INITIALIZE}:_initialize_distributed",
+            "wrap",
+            functools.partial(_initialize_distributed, session.state_for(FEATURE.name)),
+            why="a restarted group's process groups do not read the previous attempt's addresses",
+            torch=VERIFIED,
+        )
+    )
 
 
 def attempt_prefix(environ) -> str | None:

@@ -22,7 +22,6 @@ import _megatron_musa_patch_boot as boot  # the start-up hook's own test of a he
 from megatron_musa_patch.lib.heartbeat import QUIET_S, Heartbeat, NoticingStream, \
     describe_stack, main_thread_frame, say
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -30,8 +29,6 @@ FEATURE = feature(
     "rank 0 says what it is doing (importing, initialising, building the model or the data, "
     "the first step) after each 5 s without output while it starts")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 #: a script that never calls Megatron's train_step is not followed longer than this
 MOST_S = 1800.0
 
@@ -66,16 +63,16 @@ def launched_rank_zero():
 def mmp_register_patches(session, registry):
     heartbeat = Heartbeat(say, _describe, most_s=MOST_S)
     for name in ("stdout", "stderr"):
-        registry.add(Patch(
-            f"startup_progress.{name}", f"sys:{name}", "attribute",
-            NoticingStream(getattr(sys, name), heartbeat.written), FEATURE.name,
+        registry.add(FEATURE.patch(
+            name, f"sys:{name}", "attribute",
+            NoticingStream(getattr(sys, name), heartbeat.written),
             condition=launched_rank_zero,
             why=f"rank 0's {name} notices output, so a progress line comes only after "
-                f"{QUIET_S:.0f} s without one", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "startup_progress.first_step", "megatron.training.training:train_step", "wrap",
-        functools.partial(_train_step, heartbeat), FEATURE.name, condition=launched_rank_zero,
-        why="the progress lines end with the first training step", megatron=VERIFIED_MEGATRON))
+                f"{QUIET_S:.0f} s without one"))
+    registry.add(FEATURE.patch(
+        "first_step", "megatron.training.training:train_step", "wrap",
+        functools.partial(_train_step, heartbeat), condition=launched_rank_zero,
+        why="the progress lines end with the first training step"))
     if registry.toggles.is_off(FEATURE.name) or boot.multiprocessing_helper():
         return
     report_dir = session.settings.watchdog_dir

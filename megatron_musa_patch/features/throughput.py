@@ -26,7 +26,6 @@ from typing import Optional
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import CPU
@@ -36,8 +35,6 @@ FEATURE = feature(
     __name__,
     "tokens/s per device and MFU in the training log (FLOPs counted for the model)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 TRAINING = "megatron.training.training"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+) \|")
@@ -47,16 +44,14 @@ BATCH = re.compile(r"global batch size: +(\d+) \|")
 def mmp_register_patches(session, registry, device):
     # what ``train`` resolves for the log lines of this run: args, peak (Peak or None), why none
     resolved = session.state_for(FEATURE.name)
-    registry.add(Patch(
-        "throughput.train", f"{TRAINING}:train", "wrap",
-        functools.partial(_train, resolved, device), FEATURE.name,
-        why="count the model's FLOPs and resolve the device peak before the training loop",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        "throughput.log_line", f"{TRAINING}:print_rank_last", "wrap",
-        functools.partial(_print_rank_last, resolved), FEATURE.name,
-        why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "train", f"{TRAINING}:train", "wrap",
+        functools.partial(_train, resolved, device),
+        why="count the model's FLOPs and resolve the device peak before the training loop"))
+    registry.add(FEATURE.patch(
+        "log_line", f"{TRAINING}:print_rank_last", "wrap",
+        functools.partial(_print_rank_last, resolved),
+        why="add tokens/s/device, model TFLOP/s/device and MFU to the iteration log line"))
 
 
 @hookimpl

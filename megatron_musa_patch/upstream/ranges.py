@@ -3,7 +3,8 @@
 A range is written as a PEP 440 specifier of ``>=``, ``>``, ``<``, ``<=`` and ``==`` clauses:
 ``">=0.16.1,<0.20"``. A patch record's range has both bounds (``Range.bounded``): the lower is
 where the record starts to apply, the upper the first release it was not verified on (or, with
-the record's ``ends``, the release upstream made it unnecessary).
+the record's ``ends``, the release upstream made it unnecessary); a bound the record leaves open
+is the layer's verified range's (``completed``).
 
 Versions compare by their release numbers only (major.minor.micro): pre-, post-, dev- and local
 parts are dropped. A vendor's source build of torch ("2.11.0a0+git1a2b3c") is then the 2.11.0 it
@@ -133,6 +134,21 @@ class Range:
 def _short(numbers: Release) -> str:
     """0.20.0 as "0.20" (how ranges are written), 0.16.1 as "0.16.1"."""
     return text(numbers[:2]) if numbers[2] == 0 else text(numbers)
+
+
+def completed(spec: str, within: str) -> str:
+    """``spec`` with the bound it leaves open taken from ``within``: a record's ``">=0.17.1"`` in
+    the layer's verified ``">=0.16.1,<0.20"`` is ``">=0.17.1,<0.20"``; an empty ``spec`` is
+    ``within``. The bounds ``spec`` writes are kept as written."""
+    if not spec.strip():
+        return within
+    own, outer = Range.parse(spec), Range.parse(within)
+    clauses = [spec]
+    if own.low is None and outer.low is not None:
+        clauses.insert(0, f"{'>=' if outer.low_inclusive else '>'}{_short(outer.low)}")
+    if own.high is None and outer.high is not None:
+        clauses.append(f"{'<=' if outer.high_inclusive else '<'}{_short(outer.high)}")
+    return ",".join(clauses)
 
 
 def contains(spec: str, version) -> bool:

@@ -3,8 +3,10 @@
 Everything else derives from them: the install requirement and the CI constraints (``setup.py``
 reads this file by path; ``scripts/constraints.txt`` is checked against it), the activation
 checks and their messages, the tests, the compatibility matrix (``tools/compat_matrix.py``) and
-the README's support tables. Supporting a new release is one row here, then re-verifying the
-records ``mmp patches --resolve-all --strict`` lists as unverified on it.
+the README's support tables. Supporting a new release is one row here; verifying it is running
+the compatibility matrix on it (its cells in ``docs/compatibility/results.json``, which
+``tests/upstream/test_verified.py`` requires) and moving ``MEGATRON_VERIFIED`` /
+``TORCH_VERIFIED`` below. The records take those ranges unless they say otherwise.
 
 Standard library only: ``setup.py`` loads this module before anything is installed. Versions
 are compared in ``ranges.py``, not here.
@@ -80,6 +82,13 @@ def span(table) -> str:
 MEGATRON_SUPPORTED = span(MEGATRON)
 #: the torch releases some row covers
 TORCH_SUPPORTED = span(TORCH)
+
+#: the megatron-core releases the layer's records were verified on as a whole: a record that names
+#: no range, or only its lower bound, was verified on these (``core/records.py``). Move the bound
+#: only with the compatibility matrix's passing cells of the new series as the evidence.
+MEGATRON_VERIFIED = ">=0.16.1,<0.20"
+#: the torch releases likewise, for the records that name a torch range
+TORCH_VERIFIED = ">=2.11,<2.16"
 
 #: what ``pip install megatron-musa-patch`` asks for: the whole table, so installing the layer
 #: never moves a supported megatron-core to another release

@@ -17,27 +17,23 @@ import functools
 
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 
 FEATURE = feature(
     __name__,
     "an async save of host-memory tensors (CPU row) writes a snapshot of its iteration, as the "
     "device-to-host copy makes one on a GPU")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{WRITER}:FileSystemWriterAsync.get_save_function_and_args", "wrap",
-        _with_snapshot_preload, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", f"{WRITER}:FileSystemWriterAsync.get_save_function_and_args", "wrap",
+        _with_snapshot_preload,
         why="the async writer's preloading copies host-memory tensors held in shared memory "
-            "while the trainer waits, as the device-to-host copy does on a GPU",
-        megatron=VERIFIED_MEGATRON))
+            "while the trainer waits, as the device-to-host copy does on a GPU"))
 
 
 def _with_snapshot_preload(wrapped, instance, args, kwargs):

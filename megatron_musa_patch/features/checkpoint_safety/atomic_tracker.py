@@ -18,7 +18,6 @@ import os
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import patches_at
 from .common import TRACKER, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
@@ -26,18 +25,15 @@ FEATURE = feature(
     __name__,
     "latest_checkpointed_iteration.txt replaced atomically, never truncated in place")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 TMP = ".mmp-tmp-"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.extend(patches_at(
-        "checkpoint_tracker_open", FEATURE.name, "wrap",
-        {"open_file": _open_tracker_atomically, "maybe_msc": _maybe_msc_open}, FEATURE.name,
-        why="latest_checkpointed_iteration.txt is replaced atomically, never truncated in place",
-        megatron=VERIFIED_MEGATRON))
+    registry.extend(FEATURE.patches_at(
+        "checkpoint_tracker_open", "", "wrap",
+        {"open_file": _open_tracker_atomically, "maybe_msc": _maybe_msc_open},
+        why="latest_checkpointed_iteration.txt is replaced atomically, never truncated in place"))
 
 
 def _open_arguments(file=None, mode="r", *_, **__):

@@ -10,26 +10,21 @@ state as it found it there, in every run, so both see the same stream.
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "building the data iterators leaves the host RNG (the CPU row's dropout) untouched")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(registry, device):
-    registry.add(Patch(
-        FEATURE.name, "megatron.training.training:build_train_valid_test_data_iterators", "wrap",
-        _keep_host_rng_state, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", "megatron.training.training:build_train_valid_test_data_iterators", "wrap",
+        _keep_host_rng_state,
         condition=lambda: device.rng_shared_with_host or
         f"dropout on {device.name} draws from the device's own generator",
-        why="the DataLoader's seed draw does not shift the dropout stream of a resumed run",
-        megatron=VERIFIED_MEGATRON))
+        why="the DataLoader's seed draw does not shift the dropout stream of a resumed run"))
 
 
 def _keep_host_rng_state(wrapped, instance, args, kwargs):

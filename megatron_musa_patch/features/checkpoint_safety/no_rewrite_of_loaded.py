@@ -14,7 +14,6 @@ import sys
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from .common import CHECKPOINTING, TRACKER, msc_enabled
 from megatron_musa_patch.core.feature import feature
@@ -23,18 +22,14 @@ FEATURE = feature(
     __name__,
     "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    registry.add(Patch(
-        FEATURE.name, f"{CHECKPOINTING}:save_checkpoint", "wrap",
-        functools.partial(_skip_rewrite_of_loaded_latest, session), FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", f"{CHECKPOINTING}:save_checkpoint", "wrap",
+        functools.partial(_skip_rewrite_of_loaded_latest, session),
         rebind=("megatron.training.training",),
-        why="a job that trained nothing since loading does not rewrite that checkpoint in place",
-        megatron=VERIFIED_MEGATRON))
+        why="a job that trained nothing since loading does not rewrite that checkpoint in place"))
 
 
 def loaded_latest_unchanged(iteration, save_dir, load_dir, loaded_iteration,

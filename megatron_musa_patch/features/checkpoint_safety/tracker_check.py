@@ -13,7 +13,6 @@ import re
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .common import CHECKPOINTING, CheckpointError, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
@@ -21,17 +20,15 @@ FEATURE = feature(
     __name__,
     "an unreadable tracker, or one naming a missing checkpoint, is an error")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{CHECKPOINTING}:read_metadata", "wrap", _read_metadata, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", f"{CHECKPOINTING}:read_metadata", "wrap", _read_metadata,
         why="an unreadable tracker, or one naming a missing checkpoint, is an error "
-            "(upstream exits with status 0)", megatron=VERIFIED_MEGATRON))
+            "(upstream exits with status 0)"))
 
 
 def checkpoint_dirs(save_dir: str):

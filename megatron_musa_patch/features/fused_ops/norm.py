@@ -17,13 +17,10 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import importable
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .spec import local_spec
 from megatron_musa_patch.core.feature import feature
 
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 APEX_NORM = "megatron.core.fusions.fused_layer_norm"
 
 
@@ -49,16 +46,15 @@ FEATURE = feature(
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        f"{FEATURE.name}.local_norm", "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
-        "wrap", _local_norm, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "local_norm", "megatron.core.transformer.torch_norm:WrappedTorchNorm.__new__",
+        "wrap", _local_norm,
         why="local norms: --persist-layer-norm is a kernel hint, --sequence-parallel marks "
-            "the weights; forward/backward from ops.norm", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
-        _apex_layer_norm, FEATURE.name, condition=_apex_without_norm_kernels,
-        why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm",
-        megatron=VERIFIED_MEGATRON))
+            "the weights; forward/backward from ops.norm"))
+    registry.add(FEATURE.patch(
+        "apex_layer_norm", f"{APEX_NORM}:FusedLayerNorm.forward", "wrap",
+        _apex_layer_norm, condition=_apex_without_norm_kernels,
+        why="Apex without its CUDA extensions: megatron-core's FusedLayerNorm runs ops.norm"))
 
 
 def _apex_without_norm_kernels():

@@ -15,13 +15,10 @@ from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_installed, te_missing
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.device.rows import OFF_CUDA
 
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROPE = "megatron.core.models.common.embeddings.rope_utils"
 CONFIG = "megatron.core.transformer.transformer_config"
 SLOTS = ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd")
@@ -47,26 +44,29 @@ FEATURE = feature(
 @hookimpl
 def mmp_register_patches(session, registry):
     for slot in SLOTS:
-        registry.add(Patch(
-            f"{FEATURE.name}.{slot}", f"{ROPE}:{slot}", "attribute", _slot(slot), FEATURE.name,
+        registry.add(FEATURE.patch(
+            slot, f"{ROPE}:{slot}", "attribute", _slot(slot),
             condition=lambda s=slot: _slot_empty(s),
-            why="--rope-fusion without TransformerEngine: ops.rope", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.apply_rotary_pos_emb", f"{ROPE}:apply_rotary_pos_emb", "wrap", _apply_rope,
-        FEATURE.name, condition=te_missing,
-        why="--rope-fusion: ops.rope with the unfused path's semantics (interleaved, thd, MLA)",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.config_check", f"{CONFIG}:TransformerConfig.__post_init__", "wrap",
-        _config_with_our_rope, FEATURE.name, condition=te_missing,
-        why="--rope-fusion --rotary-interleaved: ops.rope handles it (upstream asks for TE 2.3)",
-        megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(
-        f"{FEATURE.name}.mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
-        functools.partial(_mla_without_fused_rope, session.state_for(FEATURE.name, set)), FEATURE.name,
+            why="--rope-fusion without TransformerEngine: ops.rope"))
+    registry.add(
+        FEATURE.patch(
+            "apply_rotary_pos_emb",
+            f"{ROPE}:apply_rotary_pos_emb",
+            "wrap",
+            _apply_rope,
+            condition=te_missing,
+            why="--rope-fusion: ops.rope with the unfused path's semantics (interleaved, thd, MLA)",
+        )
+    )
+    registry.add(FEATURE.patch(
+        "config_check", f"{CONFIG}:TransformerConfig.__post_init__", "wrap",
+        _config_with_our_rope, condition=te_missing,
+        why="--rope-fusion --rotary-interleaved: ops.rope handles it (upstream asks for TE 2.3)"))
+    registry.add(FEATURE.patch(
+        "mla_unfused", f"{CONFIG}:MLATransformerConfig.__post_init__", "wrap",
+        functools.partial(_mla_without_fused_rope, session.state_for(FEATURE.name, set)),
         devices=OFF_CUDA,
-        why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here",
-        megatron=VERIFIED_MEGATRON))
+        why="--rope-fusion with MLA needs triton on CUDA: MLA takes the unfused RoPE path here"))
 
 
 def _slot(slot):

@@ -8,13 +8,10 @@ from __future__ import annotations
 from megatron_musa_patch.upstream.conditions import importable, missing
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .spec import local_spec
 from megatron_musa_patch.core.feature import feature
 
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULES = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
            "scaled_softmax_cuda")
 
@@ -33,11 +30,10 @@ FEATURE = feature(
 @hookimpl
 def mmp_register_patches(registry):
     for name in MODULES:
-        registry.add(Patch(
-            f"{FEATURE.name}.{name}", f"{name}:*", "module", filler(name), FEATURE.name,
+        registry.add(FEATURE.patch(
+            name, f"{name}:*", "module", filler(name),
             condition=lambda n=name: missing(n),
-            why="--masked-softmax-fusion: fused scale+mask+softmax in fp32 (ops.softmax)",
-            megatron=VERIFIED_MEGATRON))
+            why="--masked-softmax-fusion: fused scale+mask+softmax in fp32 (ops.softmax)"))
 
 
 def filler(name):

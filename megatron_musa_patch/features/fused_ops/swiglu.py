@@ -7,25 +7,20 @@ from __future__ import annotations
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "--bias-swiglu-fusion through ops.swiglu (CPU, csrc kernels)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
-        bias_swiglu, FEATURE.name, rebind=("megatron.core.transformer.mlp",
-                                      "megatron.core.transformer.moe.shared_experts"),
-        why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
+        bias_swiglu, rebind=("megatron.core.transformer.mlp",
+                                              "megatron.core.transformer.moe.shared_experts"),
+        why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)"))
 
 
 def bias_swiglu(wrapped, instance, args, kwargs):

@@ -7,13 +7,10 @@ from __future__ import annotations
 from megatron_musa_patch.upstream.conditions import importable, missing, te_installed
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .spec import local_spec
 from megatron_musa_patch.core.feature import feature
 
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 MODULE = "fused_weight_gradient_mlp_cuda"
 
 FEATURE = feature(
@@ -29,10 +26,9 @@ FEATURE = feature(
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{MODULE}:*", "module", _fill, FEATURE.name, condition=lambda: missing(MODULE),
-        why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", f"{MODULE}:*", "module", _fill, condition=lambda: missing(MODULE),
+        why="--gradient-accumulation-fusion: weight gradients accumulate into main_grad"))
 
 
 def _fill(module):

@@ -28,15 +28,12 @@ from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "DeepSeek-V2 device-level and communication balance losses, device-level capacity")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 DEVICE_LOSS = "device_level_balancing_loss"
 COMM_LOSS = "communication_balancing_loss"
@@ -117,17 +114,28 @@ def track(session, names: List[str]) -> None:
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    registry.add(Patch(f"{FEATURE.name}.routing", f"{ROUTER}:TopKRouter.routing", "wrap", _routing,
-                       FEATURE.name, why="device-level / communication losses after upstream routing",
-                       megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(f"{FEATURE.name}.token_dropping", f"{ROUTER}:apply_router_token_dropping",
-                       "wrap", _token_dropping, FEATURE.name,
-                       why="--moe-device-level-capacity: capacity per device, not per expert",
-                       megatron=VERIFIED_MEGATRON))
-    registry.extend(patches_at(
-        "moe_metrics_report", f"{FEATURE.name}.track_moe_metrics", "wrap",
-        functools.partial(_track_moe_metrics, _tracked(session)), FEATURE.name,
-        why="log the two losses next to upstream's", megatron=VERIFIED_MEGATRON))
+    registry.add(
+        FEATURE.patch(
+            "routing",
+            f"{ROUTER}:TopKRouter.routing",
+            "wrap",
+            _routing,
+            why="device-level / communication losses after upstream routing",
+        )
+    )
+    registry.add(
+        FEATURE.patch(
+            "token_dropping",
+            f"{ROUTER}:apply_router_token_dropping",
+            "wrap",
+            _token_dropping,
+            why="--moe-device-level-capacity: capacity per device, not per expert",
+        )
+    )
+    registry.extend(FEATURE.patches_at(
+        "moe_metrics_report", "track_moe_metrics", "wrap",
+        functools.partial(_track_moe_metrics, _tracked(session)),
+        why="log the two losses next to upstream's"))
 
 
 def _cfg(config, name, default=0.0):

@@ -24,7 +24,6 @@ from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 # the balance features wrap TopKRouter.routing in a chain: the device-level losses outermost,
@@ -34,8 +33,6 @@ FEATURE = feature(
     "--moe-complementary-seq-aux-loss (DeepSeek-V3's loss on the routing that happened)",
     after=("moe_device_balance",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router:TopKRouter."
 LOSS_NAME = "seq_load_balancing_loss"
 
@@ -86,13 +83,25 @@ def mmp_transformer_config(args, config):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE.name}.routing", ROUTER + "routing", "wrap", _routing, FEATURE.name,
-                       why="--moe-complementary-seq-aux-loss: the sequence loss from the routed "
-                           "map, attached after upstream routing", megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(f"{FEATURE.name}.upstream_term", ROUTER + "_apply_seq_aux_loss", "wrap",
-                       _upstream_term, FEATURE.name,
-                       why="--moe-complementary-seq-aux-loss: upstream's plain top-k term left out",
-                       megatron=VERIFIED_MEGATRON))
+    registry.add(
+        FEATURE.patch(
+            "routing",
+            ROUTER + "routing",
+            "wrap",
+            _routing,
+            why="--moe-complementary-seq-aux-loss: the sequence loss from the routed "
+            "map, attached after upstream routing",
+        )
+    )
+    registry.add(
+        FEATURE.patch(
+            "upstream_term",
+            ROUTER + "_apply_seq_aux_loss",
+            "wrap",
+            _upstream_term,
+            why="--moe-complementary-seq-aux-loss: upstream's plain top-k term left out",
+        )
+    )
 
 
 def _active(router) -> bool:

@@ -17,7 +17,6 @@ from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 # innermost of the balance features' wrappers of TopKRouter.routing
@@ -26,8 +25,6 @@ FEATURE = feature(
     "--moe-router-group-score max (a group scored by its best expert: DeepSeek-V2)",
     after=("moe_device_balance.topk_prob_norm",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router"
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 #: upstream's rule (the default) and the best-expert rule
@@ -66,14 +63,18 @@ def mmp_transformer_config(args, config):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE.name}.routing", f"{ROUTER}:TopKRouter.routing", "wrap",
-                       _routing.wrap_routing, FEATURE.name,
-                       why="--moe-router-group-score: the routing router's config",
-                       megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(f"{FEATURE.name}.group_topk", f"{MOE_UTILS}:group_limited_topk", "wrap",
-                       _group_topk, FEATURE.name,
-                       why="--moe-router-group-score max: a group ranked by its best expert",
-                       megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch("routing", f"{ROUTER}:TopKRouter.routing", "wrap",
+                               _routing.wrap_routing,
+                               why="--moe-router-group-score: the routing router's config"))
+    registry.add(
+        FEATURE.patch(
+            "group_topk",
+            f"{MOE_UTILS}:group_limited_topk",
+            "wrap",
+            _group_topk,
+            why="--moe-router-group-score max: a group ranked by its best expert",
+        )
+    )
 
 
 def _group_topk(wrapped, instance, args, kwargs):

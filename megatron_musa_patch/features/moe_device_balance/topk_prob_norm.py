@@ -22,7 +22,6 @@ from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 # inside the complementary loss's wrapper of TopKRouter.routing (see that module)
@@ -31,8 +30,6 @@ FEATURE = feature(
     "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid without it)",
     after=("moe_device_balance.complementary_seq_aux_loss",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 ROUTER = "megatron.core.transformer.moe.router"
 
 _routing = moe_balance.RoutingConfig("mmp_topk_norm_config")
@@ -73,14 +70,13 @@ def mmp_transformer_config(args, config):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE.name}.routing", f"{ROUTER}:TopKRouter.routing", "wrap",
-                       _routing.wrap_routing, FEATURE.name,
-                       why="--moe-router-norm-topk-prob: the routing router's config",
-                       megatron=VERIFIED_MEGATRON))
-    registry.add(Patch(f"{FEATURE.name}.topk", f"{ROUTER}:topk_routing_with_score_function", "wrap",
-                       _topk, FEATURE.name,
-                       why="--moe-router-norm-topk-prob: selected probabilities normalised "
-                           "before the scaling factor", megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch("routing", f"{ROUTER}:TopKRouter.routing", "wrap",
+                               _routing.wrap_routing,
+                               why="--moe-router-norm-topk-prob: the routing router's config"))
+    registry.add(FEATURE.patch("topk", f"{ROUTER}:topk_routing_with_score_function", "wrap",
+                               _topk,
+                               why="--moe-router-norm-topk-prob: selected probabilities normalised "
+                                   "before the scaling factor"))
 
 
 def _topk(wrapped, instance, args, kwargs):

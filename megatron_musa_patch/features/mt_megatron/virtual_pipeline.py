@@ -17,7 +17,6 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
 
-
 def _uneven_with_layers_per_stage(args) -> bool:
     return (getattr(args, "num_layers_per_virtual_pipeline_stage", None) is not None
             and getattr(args, "num_virtual_stages_per_pipeline_rank", None) is None

@@ -17,7 +17,6 @@ import time
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
@@ -27,8 +26,6 @@ FEATURE = feature(
     "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)",
     after=("checkpoint_safety.no_rewrite_of_loaded",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 CHECKPOINTING = "megatron.training.checkpointing"
 
 
@@ -49,11 +46,10 @@ def mmp_validate_args(args):
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(f"{FEATURE.name}.save", f"{CHECKPOINTING}:save_checkpoint",
-                       "wrap", functools.partial(after_save, time.sleep), FEATURE.name,
-                       rebind=("megatron.training.training", "megatron.training.utils"),
-                       why="--wait-after-ckpt: wait after each checkpoint save",
-                       megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch("save", f"{CHECKPOINTING}:save_checkpoint",
+                               "wrap", functools.partial(after_save, time.sleep),
+                               rebind=("megatron.training.training", "megatron.training.utils"),
+                               why="--wait-after-ckpt: wait after each checkpoint save"))
 
 
 def after_save(sleep, wrapped, instance, args, kwargs, *, get_args=None):

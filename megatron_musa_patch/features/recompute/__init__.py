@@ -31,7 +31,6 @@ import functools
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import grouped, rules, wrappers
-from megatron_musa_patch.core.records import Patch, patches_at
 from megatron_musa_patch.core.feature import feature
 
 # after expert_bias_out_of_place: the recompute wrapper of MLP.forward sits inside the fix's
@@ -40,8 +39,6 @@ FEATURE = feature(
     "--attn-recompute, --mlp-recompute, --recompute-variance",
     after=("upstream_fixes.expert_bias_out_of_place",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 
 _LAYER = "megatron.core.transformer.transformer_layer:TransformerLayer."
 _EXPERTS = "megatron.core.transformer.moe.experts:"
@@ -68,56 +65,91 @@ def mmp_register_patches(session, registry):
     def bound(wrapper):
         return functools.partial(wrapper, requirement(session))
 
-    registry.extend([
-        Patch("recompute.attention_block", _LAYER + "_forward_attention", "wrap",
-              bound(wrappers.forward_attention), FEATURE.name,
-              why="--attn-recompute checkpoints the attention block; variance: norm recompute",
-              megatron=VERIFIED_MEGATRON),
-        Patch("recompute.mlp_block", _LAYER + "_forward_mlp", "wrap",
-              bound(wrappers.forward_mlp), FEATURE.name,
-              why="--mlp-recompute checkpoints the MLP block; variance: norm recompute",
-              megatron=VERIFIED_MEGATRON),
-        Patch("recompute.sequential_experts", _EXPERTS + "SequentialMLP.forward", "wrap",
-              bound(wrappers.experts_forward), FEATURE.name,
-              why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
-              megatron=VERIFIED_MEGATRON),
-        *patches_at("grouped_mlp_forward", "recompute.grouped_experts", "wrap",
-                        bound(wrappers.experts_forward), FEATURE.name,
-                        why="--mlp-recompute checkpoints the expert computation (not the "
-                            "dispatch)", megatron=VERIFIED_MEGATRON),
-        Patch("recompute.te_grouped_experts", _EXPERTS + "TEGroupedMLP.forward", "wrap",
-              bound(wrappers.experts_forward), FEATURE.name,
-              why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
-              megatron=VERIFIED_MEGATRON),
-        Patch("recompute.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
-              bound(wrappers.shared_experts_forward), FEATURE.name,
-              why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)",
-              megatron=VERIFIED_MEGATRON),
-        *patches_at("grouped_mlp_gemm_module", "recompute.grouped_experts_fc2", "attribute",
-                        grouped.GroupedGemmModule(), FEATURE.name,
-                        why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the "
-                            "recompute, its backward applied from the saved output gradient",
-                            megatron=VERIFIED_MEGATRON),
-        Patch("recompute.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
-              "wrap", bound(wrappers.overlapped_shared_fc1), FEATURE.name,
-              why="--mlp-recompute with --moe-shared-expert-overlap: the shared expert still "
-                  "runs inside the token dispatch (the overlap is kept); its fc1 input is kept",
-                  megatron=VERIFIED_MEGATRON),
-        Patch("recompute.overlapped_shared_expert_fc2", _SHARED + "linear_fc2_forward", "wrap",
-              bound(wrappers.overlapped_shared_fc2), FEATURE.name,
-              why="--mlp-recompute with --moe-shared-expert-overlap: the overlapped shared "
-                  "expert's fc1 output and activation are released and recomputed from its fc1 "
-                  "input before fc2's backward (not kept, as under --mlp-recompute's checkpoint)",
-                  megatron=VERIFIED_MEGATRON),
-        Patch("recompute.deferred_linear", _LAYERS + "RowParallelLinear._forward_impl", "wrap",
-              wrappers.row_parallel_forward_impl, FEATURE.name,
-              why="--recompute-variance: the block's last linear skips its forward in recompute",
-              megatron=VERIFIED_MEGATRON),
-        Patch("recompute.deferred_reduce", _LAYERS + "reduce_from_tensor_model_parallel_region",
-              "wrap", wrappers.reduce_passes_deferred, FEATURE.name,
-              why="--recompute-variance: no all-reduce of a skipped linear's placeholder",
-              megatron=VERIFIED_MEGATRON),
-    ])
+    registry.extend(
+        [
+            FEATURE.patch(
+                "attention_block",
+                _LAYER + "_forward_attention",
+                "wrap",
+                bound(wrappers.forward_attention),
+                why="--attn-recompute checkpoints the attention block; variance: norm recompute",
+            ),
+            FEATURE.patch(
+                "mlp_block",
+                _LAYER + "_forward_mlp",
+                "wrap",
+                bound(wrappers.forward_mlp),
+                why="--mlp-recompute checkpoints the MLP block; variance: norm recompute",
+            ),
+            FEATURE.patch(
+                "sequential_experts",
+                _EXPERTS + "SequentialMLP.forward",
+                "wrap",
+                bound(wrappers.experts_forward),
+                why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
+            ),
+            *FEATURE.patches_at(
+                "grouped_mlp_forward",
+                "grouped_experts",
+                "wrap",
+                bound(wrappers.experts_forward),
+                why="--mlp-recompute checkpoints the expert computation (not the " "dispatch)",
+            ),
+            FEATURE.patch(
+                "te_grouped_experts",
+                _EXPERTS + "TEGroupedMLP.forward",
+                "wrap",
+                bound(wrappers.experts_forward),
+                why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
+            ),
+            FEATURE.patch(
+                "shared_experts",
+                "megatron.core.transformer.mlp:MLP.forward",
+                "wrap",
+                bound(wrappers.shared_experts_forward),
+                why="--mlp-recompute checkpoints the shared experts (their MLP, not the gate)",
+            ),
+            *FEATURE.patches_at(
+                "grouped_mlp_gemm_module",
+                "grouped_experts_fc2",
+                "attribute",
+                grouped.GroupedGemmModule(),
+                why="--recompute-variance: GroupedMLP's fc2 GEMM skipped in the "
+                "recompute, its backward applied from the saved output gradient",
+            ),
+            FEATURE.patch(
+                "overlapped_shared_expert_fc1",
+                _SHARED + "linear_fc1_forward_and_act",
+                "wrap",
+                bound(wrappers.overlapped_shared_fc1),
+                why="--mlp-recompute with --moe-shared-expert-overlap: the shared expert still "
+                "runs inside the token dispatch (the overlap is kept); its fc1 input is kept",
+            ),
+            FEATURE.patch(
+                "overlapped_shared_expert_fc2",
+                _SHARED + "linear_fc2_forward",
+                "wrap",
+                bound(wrappers.overlapped_shared_fc2),
+                why="--mlp-recompute with --moe-shared-expert-overlap: the overlapped shared "
+                "expert's fc1 output and activation are released and recomputed from its fc1 "
+                "input before fc2's backward (not kept, as under --mlp-recompute's checkpoint)",
+            ),
+            FEATURE.patch(
+                "deferred_linear",
+                _LAYERS + "RowParallelLinear._forward_impl",
+                "wrap",
+                wrappers.row_parallel_forward_impl,
+                why="--recompute-variance: the block's last linear skips its forward in recompute",
+            ),
+            FEATURE.patch(
+                "deferred_reduce",
+                _LAYERS + "reduce_from_tensor_model_parallel_region",
+                "wrap",
+                wrappers.reduce_passes_deferred,
+                why="--recompute-variance: no all-reduce of a skipped linear's placeholder",
+            ),
+        ]
+    )
 
 
 @hookimpl

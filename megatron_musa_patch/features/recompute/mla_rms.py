@@ -21,7 +21,6 @@ import functools
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import rms, rules
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from . import requirement
 
@@ -29,20 +28,17 @@ FEATURE = feature(
     __name__,
     "--q-rms-recompute, --mla-rms-recompute (MT-Megatron's MLA RMSNorm recompute)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 FLAGS = ("q_rms_recompute", "mla_rms_recompute")
 
 
 @hookimpl
 def mmp_register_patches(session, registry):
-    registry.add(Patch(
-        f"{FEATURE.name}.q_kv_norms",
+    registry.add(FEATURE.patch(
+        "q_kv_norms",
         "megatron.core.transformer.multi_latent_attention:"
         "MLASelfAttention.get_query_key_value_tensors", "wrap",
-        functools.partial(rms.mla_qkv_norms, requirement(session)), FEATURE.name,
-        why="--q-rms-recompute: MLA's q/kv RMSNorm outputs released, recomputed in backward",
-        megatron=VERIFIED_MEGATRON))
+        functools.partial(rms.mla_qkv_norms, requirement(session)),
+        why="--q-rms-recompute: MLA's q/kv RMSNorm outputs released, recomputed in backward"))
 
 
 @hookimpl

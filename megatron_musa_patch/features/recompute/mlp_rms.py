@@ -20,7 +20,6 @@ import functools
 from megatron_musa_patch.core.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import rms, rules
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 from . import requirement
 
@@ -30,8 +29,6 @@ FEATURE = feature(
     "--mlp-rms-recompute (MT-Megatron's pre-MLP RMSNorm + shared expert recompute)",
     after=("recompute",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 FLAGS = ("mlp_rms_recompute",)
 _SHARED = "megatron.core.transformer.moe.shared_experts:SharedExpertMLP."
 
@@ -41,26 +38,40 @@ def mmp_register_patches(session, registry):
     def bound(impl):
         return functools.partial(impl, requirement(session))
 
-    registry.extend([
-        Patch(f"{FEATURE.name}.pre_mlp_norm",
-              "megatron.core.transformer.transformer_layer:TransformerLayer._forward_mlp", "wrap",
-              bound(rms.pre_mlp_norm), FEATURE.name,
-              why="--mlp-rms-recompute: a MoE layer's pre-MLP norm output released, "
-                  "recomputed in backward", megatron=VERIFIED_MEGATRON),
-        Patch(f"{FEATURE.name}.shared_experts", "megatron.core.transformer.mlp:MLP.forward", "wrap",
-              bound(rms.shared_expert), FEATURE.name,
-              why="--mlp-rms-recompute: the shared expert checkpointed",
-              megatron=VERIFIED_MEGATRON),
-        Patch(f"{FEATURE.name}.overlapped_shared_expert_fc1", _SHARED + "linear_fc1_forward_and_act",
-              "wrap", bound(rms.overlapped_shared_fc1), FEATURE.name,
-              why="--mlp-rms-recompute with --moe-shared-expert-overlap: overlap kept",
-              megatron=VERIFIED_MEGATRON),
-        Patch(f"{FEATURE.name}.overlapped_shared_expert_fc2", _SHARED + "linear_fc2_forward", "wrap",
-              bound(rms.overlapped_shared_fc2), FEATURE.name,
-              why="--mlp-rms-recompute with --moe-shared-expert-overlap: the shared expert's "
-                  "fc1 output and activation released, recomputed before fc2's backward",
-                  megatron=VERIFIED_MEGATRON),
-    ])
+    registry.extend(
+        [
+            FEATURE.patch(
+                "pre_mlp_norm",
+                "megatron.core.transformer.transformer_layer:TransformerLayer._forward_mlp",
+                "wrap",
+                bound(rms.pre_mlp_norm),
+                why="--mlp-rms-recompute: a MoE layer's pre-MLP norm output released, "
+                "recomputed in backward",
+            ),
+            FEATURE.patch(
+                "shared_experts",
+                "megatron.core.transformer.mlp:MLP.forward",
+                "wrap",
+                bound(rms.shared_expert),
+                why="--mlp-rms-recompute: the shared expert checkpointed",
+            ),
+            FEATURE.patch(
+                "overlapped_shared_expert_fc1",
+                _SHARED + "linear_fc1_forward_and_act",
+                "wrap",
+                bound(rms.overlapped_shared_fc1),
+                why="--mlp-rms-recompute with --moe-shared-expert-overlap: overlap kept",
+            ),
+            FEATURE.patch(
+                "overlapped_shared_expert_fc2",
+                _SHARED + "linear_fc2_forward",
+                "wrap",
+                bound(rms.overlapped_shared_fc2),
+                why="--mlp-rms-recompute with --moe-shared-expert-overlap: the shared expert's "
+                "fc1 output and activation released, recomputed before fc2's backward",
+            ),
+        ]
+    )
 
 
 @hookimpl

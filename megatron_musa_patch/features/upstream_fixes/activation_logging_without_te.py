@@ -15,7 +15,6 @@ from __future__ import annotations
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -25,9 +24,9 @@ FEATURE = feature(
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.training.activation_logging:_register_hooks", "wrap",
-        _only_classes, FEATURE.name, condition=te_missing, megatron=">=0.18,<0.20",
+    registry.add(FEATURE.patch(
+        "", "megatron.training.activation_logging:_register_hooks", "wrap",
+        _only_classes, condition=te_missing, megatron=">=0.18",
         starts="megatron.training.activation_logging arrives in 0.18",
         why="without TE its TE layer 'classes' are MagicMock instances, which isinstance refuses"))
 

@@ -13,7 +13,6 @@ filled before any step, what torch's Adam itself would have made of a fresh stat
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
@@ -21,8 +20,6 @@ FEATURE = feature(
     __name__,
     "torch's Adam steps moments init_state_fn filled before any step, as FusedAdam does")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer.optimizer"
 
 
@@ -31,11 +28,11 @@ def mmp_register_patches(registry):
     # every megatron-core optimizer steps its torch optimizer in one of these two (the
     # distributed one through MixedPrecisionOptimizer's)
     for owner in ("MixedPrecisionOptimizer", "FP32Optimizer"):
-        registry.add(Patch(
-            f"{FEATURE.name}.{owner}", f"{OPTIMIZER}:{owner}.step_with_ready_grads", "wrap",
-            _step_with_complete_states, FEATURE.name,
+        registry.add(FEATURE.patch(
+            owner, f"{OPTIMIZER}:{owner}.step_with_ready_grads", "wrap",
+            _step_with_complete_states,
             why="torch's Adam wants a 'step' wherever it finds moments; init_state_fn fills "
-                "the moments only", megatron=VERIFIED_MEGATRON))
+                "the moments only"))
 
 
 def _step_with_complete_states(wrapped, instance, args, kwargs):

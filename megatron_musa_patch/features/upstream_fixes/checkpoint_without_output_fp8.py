@@ -9,25 +9,21 @@ import sys
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "CheckpointWithoutOutput without TE does not take its fp8 branch")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 RANDOM = "megatron.core.tensor_parallel.random"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{RANDOM}:CheckpointWithoutOutput.__init__", "wrap", _init, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", f"{RANDOM}:CheckpointWithoutOutput.__init__", "wrap", _init,
         condition=te_missing,
-        why="fp8=False/None means no fp8; without TE there is no fp8 at all",
-        megatron=VERIFIED_MEGATRON))
+        why="fp8=False/None means no fp8; without TE there is no fp8 at all"))
 
 
 def _init(wrapped, instance, args, kwargs):

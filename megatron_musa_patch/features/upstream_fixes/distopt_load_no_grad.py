@@ -6,7 +6,6 @@ leaf Variable that requires grad is being used in an in-place operation"): the c
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 # after distopt_step_counters: inside its wrapper of _set_main_param_and_optimizer_states
@@ -15,17 +14,19 @@ FEATURE = feature(
     "fp32 distributed-optimizer state loads into parameter views without autograd",
     after=("upstream_fixes.distopt_step_counters",))
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.optimizer.distrib_optimizer:"
-        "DistributedOptimizer._set_main_param_and_optimizer_states", "wrap", _without_grad,
-        FEATURE.name, why="fp32 main params are views of grad-requiring params: copy without autograd",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(
+        FEATURE.patch(
+            "",
+            "megatron.core.optimizer.distrib_optimizer:"
+            "DistributedOptimizer._set_main_param_and_optimizer_states",
+            "wrap",
+            _without_grad,
+            why="fp32 main params are views of grad-requiring params: copy without autograd",
+        )
+    )
 
 
 def _without_grad(wrapped, instance, args, kwargs):

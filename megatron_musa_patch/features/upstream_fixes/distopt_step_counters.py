@@ -17,7 +17,6 @@ import sys
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
@@ -25,8 +24,6 @@ FEATURE = feature(
     __name__,
     "per-parameter optimizer steps survive checkpoint loads without Apex/TE")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 DISTOPT = "megatron.core.optimizer.distrib_optimizer"
 _NO_STEP_YET = "_mmp_no_step_yet"
 
@@ -34,9 +31,8 @@ _NO_STEP_YET = "_mmp_no_step_yet"
 @hookimpl
 def mmp_register_patches(registry):
     def add(pid, method, impl, why):
-        registry.add(Patch(f"{FEATURE.name}.{pid}", f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
-                           impl, FEATURE.name, condition=_without_apex_or_te, why=why,
-                           megatron=VERIFIED_MEGATRON))
+        registry.add(FEATURE.patch(pid, f"{DISTOPT}:DistributedOptimizer.{method}", "wrap",
+                                   impl, condition=_without_apex_or_te, why=why))
 
     add("state_dict_before_first_step", "state_dict", _state_dict_before_first_step,
         "the state dict of parameters that have not stepped yet (checkpoint loading asks for it "

@@ -8,24 +8,19 @@ from __future__ import annotations
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "MoE experts with biases: the scaled fc2 bias is added out of place")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.transformer.mlp:MLP.forward", "wrap", _forward, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", "megatron.core.transformer.mlp:MLP.forward", "wrap", _forward,
         why="MoE experts with biases: the scaled fc2 bias is added out of place (upstream's "
-            "in-place add on the TP reduction's output fails in autograd)",
-            megatron=VERIFIED_MEGATRON))
+            "in-place add on the TP reduction's output fails in autograd)"))
 
 
 def _forward(wrapped, instance, args, kwargs):

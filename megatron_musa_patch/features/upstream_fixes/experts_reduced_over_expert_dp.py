@@ -10,7 +10,6 @@ the optimizer and the norm treat them as upstream does with EP > 1."""
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
@@ -23,9 +22,9 @@ FEATURE = feature(
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("experts_split_unlike_dense_reduced_over_expert_dp",
                                  since="0.16.1")
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
-        _mark_experts, FEATURE.name, megatron=until, ends=ends,
+    registry.add(FEATURE.patch(
+        "", "megatron.core.transformer.moe.moe_layer:MoELayer.__init__", "wrap",
+        _mark_experts, megatron=until, ends=ends,
         why="EP1 with ETP != TP: expert gradients are reduced over the expert-data-parallel "
             "group (upstream leaves out the tensor-parallel ranks)"))
 

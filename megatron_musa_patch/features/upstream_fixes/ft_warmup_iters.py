@@ -18,7 +18,6 @@ import importlib.util
 import inspect
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
@@ -26,17 +25,14 @@ FEATURE = feature(
     "--enable-ft-package with nvidia-resiliency-ext 0.4.1: its rank monitor client is started "
     "without num_warmup_iters, which it lacks")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 NVRX = "nvidia_resiliency_ext"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.training.ft_integration:setup", "wrap", _setup, FEATURE.name,
-        why="nvidia-resiliency-ext 0.4.1's RankMonitorClient takes no num_warmup_iters",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", "megatron.training.ft_integration:setup", "wrap", _setup,
+        why="nvidia-resiliency-ext 0.4.1's RankMonitorClient takes no num_warmup_iters"))
 
 
 def _setup(wrapped, instance, args, kwargs):

@@ -12,16 +12,15 @@ from __future__ import annotations
 import re
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "--help works: a help string of Megatron's parser with a lone % (0.18+) is escaped")
 
-#: the releases this feature's records were verified on (docs/compatibility.md): 0.19.2 run here,
-#: 0.18.2's TransformerConfig docstring read (the same "10%)"); 0.16 and 0.17 have no such help
-VERIFIED_MEGATRON = ">=0.18.0,<0.20"
+#: 0.16 and 0.17 have no such help; 0.18.2's TransformerConfig docstring has the same "10%)" as
+#: 0.19's
+STARTS = ">=0.18.0"
 
 #: what argparse's help formatter takes: ``%%`` and ``%(name)s``-like specifiers
 _FORMAT = re.compile(r"%%|%\(\w+\)[#0\- +]*\d*(?:\.\d+)?[a-zA-Z]|%")
@@ -29,12 +28,12 @@ _FORMAT = re.compile(r"%%|%\(\w+\)[#0\- +]*\d*(?:\.\d+)?[a-zA-Z]|%")
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.training.arguments:add_megatron_arguments", "wrap",
-        _add_megatron_arguments, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", "megatron.training.arguments:add_megatron_arguments", "wrap",
+        _add_megatron_arguments,
         why="a help string with a lone % makes --help fail (ValueError in argparse)",
         starts="before megatron-core 0.18 every help string of Megatron's parser formats",
-        megatron=VERIFIED_MEGATRON))
+        megatron=STARTS))
 
 
 def _add_megatron_arguments(wrapped, instance, args, kwargs):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
 
@@ -27,16 +26,12 @@ FEATURE = feature(
     __name__,
     "a job's first logged iteration on the log interval resets the loss accumulator")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
-
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.training.training:training_log", "wrap", _training_log, FEATURE.name,
-        why="a first iteration on the log interval is a regular log line: reset after it",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", "megatron.training.training:training_log", "wrap", _training_log,
+        why="a first iteration on the log interval is a regular log line: reset after it"))
 
 
 def _training_log(wrapped, instance, args, kwargs):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
@@ -20,8 +19,8 @@ MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
 @hookimpl
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("moe_utils_defines_te_names", since="0.16.1")
-    registry.add(Patch(
-        FEATURE.name, f"{MOE_UTILS}:te_general_gemm", "attribute", None, FEATURE.name, create=True,
+    registry.add(FEATURE.patch(
+        "", f"{MOE_UTILS}:te_general_gemm", "attribute", None, create=True,
         condition=_undefined, megatron=until, ends=ends,
         why="define the name the router tests for (None: use torch.mm)"))
 

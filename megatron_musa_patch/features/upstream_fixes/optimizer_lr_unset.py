@@ -16,15 +16,12 @@ import sys
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "the TE-less torch optimizers accept OptimizerConfig's unset lr, as FusedAdam does")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer"
 #: passes torch's constructor checks; replaced by None before anyone can read it
 _PLACEHOLDER_LR = 0.0
@@ -32,11 +29,10 @@ _PLACEHOLDER_LR = 0.0
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
-        _build_with_lr_unset, FEATURE.name,
-        why="torch's optimizers reject lr=None in their constructor; TE's/Apex's keep it",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", f"{OPTIMIZER}:_get_megatron_optimizer_based_on_param_groups", "wrap",
+        _build_with_lr_unset,
+        why="torch's optimizers reject lr=None in their constructor; TE's/Apex's keep it"))
 
 
 def _build_with_lr_unset(wrapped, instance, args, kwargs):

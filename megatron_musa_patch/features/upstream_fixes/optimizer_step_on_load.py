@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from .adam_steps import shared_step
 from megatron_musa_patch.core.feature import feature
 
@@ -22,19 +21,17 @@ FEATURE = feature(
     __name__,
     "torch's Adam loads moments saved before any step (at step 0), as FusedAdam does")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 OPTIMIZER = "megatron.core.optimizer.optimizer"
 
 
 @hookimpl
 def mmp_register_patches(registry):
     for owner in ("FP32Optimizer", "Float16OptimizerWithFloat16Params"):
-        registry.add(Patch(
-            f"{FEATURE.name}.{owner}", f"{OPTIMIZER}:{owner}.load_state_dict", "wrap",
-            _load_with_steps, FEATURE.name,
+        registry.add(FEATURE.patch(
+            owner, f"{OPTIMIZER}:{owner}.load_state_dict", "wrap",
+            _load_with_steps,
             why="torch's Adam refuses a loaded state without 'step'; megatron-core saves none "
-                "at step 0", megatron=VERIFIED_MEGATRON))
+                "at step 0"))
 
 
 def _load_with_steps(wrapped, instance, args, kwargs):

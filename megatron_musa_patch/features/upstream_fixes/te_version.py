@@ -17,7 +17,6 @@ from packaging.version import Version
 
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
 
@@ -32,8 +31,8 @@ NO_TE_VERSION = Version("0.0.0")
 @hookimpl
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("te_version_without_te", since="0.16.1")
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.utils:get_te_version", "wrap", _no_te_version, FEATURE.name,
+    registry.add(FEATURE.patch(
+        "", "megatron.core.utils:get_te_version", "wrap", _no_te_version,
         condition=te_missing, megatron=until, ends=ends,
         why="no TE means no TE version is new enough (what 0.17 answers: 0.0.0)"))
 

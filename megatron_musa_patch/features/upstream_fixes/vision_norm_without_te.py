@@ -15,25 +15,21 @@ from __future__ import annotations
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_missing
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "CLIPViTModel's default norms build without TE (WrappedTorchNorm, not nn.LayerNorm)")
 
-#: the releases this feature's records were verified on (docs/compatibility.md)
-VERIFIED_MEGATRON = ">=0.16.1,<0.20"
 NORM_PARAMETERS = ("ln_pre_impl", "ln_post_impl")
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, "megatron.core.models.vision.clip_vit_model:CLIPViTModel.__init__", "wrap",
-        _init_with_buildable_norms, FEATURE.name, condition=te_missing,
-        why="torch.nn.LayerNorm, the default without TE, cannot be built with config=",
-        megatron=VERIFIED_MEGATRON))
+    registry.add(FEATURE.patch(
+        "", "megatron.core.models.vision.clip_vit_model:CLIPViTModel.__init__", "wrap",
+        _init_with_buildable_norms, condition=te_missing,
+        why="torch.nn.LayerNorm, the default without TE, cannot be built with config="))
 
 
 def _init_with_buildable_norms(wrapped, instance, args, kwargs):

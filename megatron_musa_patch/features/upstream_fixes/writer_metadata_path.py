@@ -13,18 +13,14 @@ the writer the attribute back, as the path torch's own ``_get_metadata_path()`` 
 from __future__ import annotations
 
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 from megatron_musa_patch.upstream.facts import fixed_upstream
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.core.records import VERIFIED
 
 FEATURE = feature(
     __name__,
     "remove_sharded_tensors finds torch's checkpoint metadata path (megatron-core 0.16)")
 WRITER = "torch.distributed.checkpoint.filesystem:FileSystemWriter"
-
-#: the torch releases this record was verified on: it reads the writer's private
-#: _get_metadata_path (docs/compatibility.md)
-VERIFIED_TORCH = ">=2.11,<2.16"
 
 
 class _MetadataPath:
@@ -39,9 +35,9 @@ class _MetadataPath:
 def mmp_register_patches(registry):
     until, ends = fixed_upstream("remove_sharded_tensors_without_writer_metadata_path",
                                  since="0.16.1")
-    registry.add(Patch(
-        FEATURE.name, f"{WRITER}.metadata_path", "attribute", _MetadataPath(), FEATURE.name, create=True,
-        condition=_writer_lacks_it, megatron=until, ends=ends, torch=VERIFIED_TORCH,
+    registry.add(FEATURE.patch(
+        "", f"{WRITER}.metadata_path", "attribute", _MetadataPath(), create=True,
+        condition=_writer_lacks_it, megatron=until, ends=ends, torch=VERIFIED,
         why="megatron-core 0.16's remove_sharded_tensors renames writer.metadata_path"))
 
 

@@ -23,7 +23,6 @@ import threading
 
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
-from megatron_musa_patch.core.records import Patch
 
 FEATURE = feature(
     __name__,
@@ -31,17 +30,15 @@ FEATURE = feature(
     "another (megatron-core 0.17 on)")
 WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync"
 
-#: the releases this record was verified on (docs/compatibility.md); the threaded writer
-#: arrives in 0.17, whose method is the same as 0.18's and 0.19's; its tests ran on 0.17.1,
-#: 0.18.2 and 0.19.2
-VERIFIED_MEGATRON = ">=0.17.1,<0.20"
+#: the threaded writer arrives in 0.17, whose method is the same as 0.18's and 0.19's
+STARTS = ">=0.17.1"
 
 
 @hookimpl
 def mmp_register_patches(registry):
-    registry.add(Patch(
-        FEATURE.name, f"{WRITER}.write_preloaded_data_multithread", "replace",
-        staticmethod(write_buckets_together), FEATURE.name, megatron=VERIFIED_MEGATRON,
+    registry.add(FEATURE.patch(
+        "", f"{WRITER}.write_preloaded_data_multithread", "replace",
+        staticmethod(write_buckets_together), megatron=STARTS,
         starts="megatron-core 0.16 writes the buckets in forked processes, started together",
         why="the writer starts its threads only after writing the last bucket itself"))
 
