@@ -54,7 +54,8 @@ def pth_hook() -> None:
     """Activate in this process when MEGATRON_MUSA_PATCH is set. A launcher's agent does not
     activate (its workers activate themselves): torchrun's is left alone, dlrover-run's and
     nvidia-resiliency-ext's ft_launcher get what ``mmp run`` gives torchrun
-    (``launch.supervise``), and dlrover's standalone master is left alone. multiprocessing's
+    (the launcher's records, ``activation.activate_launcher_on_import``), and dlrover's standalone
+    master is left alone. multiprocessing's
     helper processes activate when they first import torch or megatron (_ActivateOnFirstImport)."""
     if not wanted() or _started_as(TORCHRUN) or _started_as(DLROVER_MASTER):
         return
@@ -89,8 +90,8 @@ def _hook() -> None:
     for names, launcher in ((DLROVER_RUN, "dlrover-run"), (FT_LAUNCHER, "ft_launcher")):
         if _started_as(names):
             with _not_activating():
-                from megatron_musa_patch.cli.launch import supervise
-            supervise(launcher)
+                from megatron_musa_patch.activation import activate_launcher_on_import
+            activate_launcher_on_import(launcher)
             return
     _activate()
 

@@ -212,6 +212,10 @@ class FeatureDoc:
         return f"{self.name}.md"
 
 
+#: what a launcher record's page says in place of its device rows
+LAUNCHER_PROCESS = "the launcher's process"
+
+
 def _module_path(module) -> str:
     tail = module.FEATURE.name.replace(".", "/")
     return f"megatron_musa_patch/features/{tail}" + (
@@ -246,6 +250,10 @@ def feature_docs() -> tuple:
     registry = Registry(device.name, toggles(pm, settings), rows=tuple(ROWS))
     session = Session(settings=settings, device=device, registry=registry, plugins=pm)
     pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
+    from megatron_musa_patch.lib.elastic.supervision import Supervision
+
+    launcher = Registry("launcher", toggles(pm, settings))
+    pm.hook.mmp_register_launcher_patches(registry=launcher, supervision=Supervision())
     add_plugin_arguments(session, argparse.ArgumentParser(add_help=False))
     names = [m.FEATURE.name for m in BUILTIN]
     docs = {}
@@ -255,7 +263,8 @@ def feature_docs() -> tuple:
             f.name, _module_path(module), f,
             flags=tuple(session.flag_owners.get(f.name, ())),
             records=tuple((p, registry.devices_of(p)) for p in registry.patches()
-                          if p.feature == f.name),
+                          if p.feature == f.name) +
+            tuple((p, [LAUNCHER_PROCESS]) for p in launcher.patches() if p.feature == f.name),
             after=f.after,
             before=tuple(sorted(o.FEATURE.name for o in BUILTIN if any(
                 w == f.name or (w not in names and _matches(w, f.name))
@@ -364,10 +373,13 @@ def feature_page(doc: FeatureDoc, known) -> str:
                   "| id | target | kind | device rows | megatron-core | torch | why |",
                   "|---|---|---|---|---|---|---|"]
         for patch, rows_ in doc.records:
-            lines.append(f"| `{patch.id}` | `{patch.target}` | {patch.kind} | "
-                         f"{', '.join(rows_) if patch.devices is not None else 'all'} | "
+            where = LAUNCHER_PROCESS if rows_ == [LAUNCHER_PROCESS] else (
+                ', '.join(rows_) if patch.devices is not None else 'all')
+            why = patch.why + (f" (verified with `{patch.distribution}`)" if patch.distribution
+                               else "")
+            lines.append(f"| `{patch.id}` | `{patch.target}` | {patch.kind} | {where} | "
                          f"`{patch.megatron}` | {f'`{patch.torch}`' if patch.torch else 'any'} | "
-                         f"{_cell(patch.why)} |")
+                         f"{_cell(why)} |")
     else:
         lines.append("None: it works through its hooks alone.")
     return "\n".join(lines).rstrip("\n") + "\n"

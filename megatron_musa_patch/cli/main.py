@@ -135,17 +135,23 @@ def _doctor(command: str, rest: List[str]) -> int:
     state = activation.activate()
     if not opts.no_import:
         _import_targets(state)
+    launcher = activation.launcher_side(state.settings).registry
+    launcher.preview(activation.LAUNCHER_PROCESSES)
+    launcher_rows = launcher.results()
     if opts.resolve_all:
-        resolved = table.resolutions(state)
+        resolved = table.resolutions(state.registry) + table.resolutions(launcher)
         if opts.json:
-            print(json.dumps({**table.as_json(state), "resolutions": resolved}, indent=2))
+            print(json.dumps({**table.as_json(state), "resolutions": resolved,
+                              "launcher_patches": [r.as_dict() for r in launcher_rows]},
+                             indent=2))
         else:
             print(table.render_resolutions(resolved))
         failing = table.unresolved(resolved) + (table.unverified(resolved) if opts.strict
                                                 else [])
         return 1 if failing else 0
     if opts.json:
-        print(json.dumps(table.as_json(state), indent=2))
+        print(json.dumps({**table.as_json(state),
+                          "launcher_patches": [r.as_dict() for r in launcher_rows]}, indent=2))
     else:
         if command == "doctor":
             for name, value in state.versions().items():
@@ -165,7 +171,9 @@ def _doctor(command: str, rest: List[str]) -> int:
             print(f"{'csrc kernels':20} {kernels.status(state.device.torch_type)}")
             print(f"{'memory statistics':20} {state.device.memory_stats}\n")
         print(table.render_table(state, collapse=not opts.all))
-    return 1 if any(r.status == "failed" for r in state.registry.results()) else 0
+        print("\n" + table.render_launcher_table(launcher_rows))
+    return 1 if any(r.status == "failed" for r in state.registry.results() + launcher_rows) \
+        else 0
 
 
 def _import_targets(state) -> None:

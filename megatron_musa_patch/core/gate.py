@@ -54,11 +54,24 @@ class Gate:
         if patch.torch is not None:
             verdicts.append(self._range_verdict(patch, variants, "torch", patch.torch, self.torch_version,
                                                 "torch", tables.TORCH))
+        if patch.distribution:
+            verdicts.append(self._distribution_verdict(patch))
         for status in (FAILED, SKIPPED, UNVERIFIED):
             reasons = [why for verdict, why in verdicts if verdict == status]
             if reasons:
                 return status, "; ".join(reasons)
         return APPLIED, ""
+
+    @staticmethod
+    def _distribution_verdict(patch: Patch) -> Tuple[str, str]:
+        """A third-party package outside the releases the record was verified with: tried, and
+        unverified (no support table refuses it); not installed: nothing to check."""
+        name, spec = patch.distribution_range
+        version = installed.distribution_version(name)
+        if version is None or version in Range.parse(spec):
+            return APPLIED, ""
+        return UNVERIFIED, (f"verified with {name} {spec}, not the installed {version}: "
+                            f"re-verify it and move the range")
 
     def _range_verdict(self, patch: Patch, variants: Sequence[Patch], dimension: str, spec: str,
                        version, which: str, table) -> Tuple[str, str]:

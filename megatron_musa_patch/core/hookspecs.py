@@ -46,6 +46,17 @@ def mmp_register_patches(session, registry, device):
 
 
 @hookspec
+def mmp_register_launcher_patches(registry, supervision):
+    """Add the records this feature applies in the launcher's process rather than in the ranks:
+    ``mmp run``'s, and dlrover-run's or ft_launcher's agent under ``MEGATRON_MUSA_PATCH=1``
+    (torch's elastic agent, the launchers' own modules). ``supervision``
+    (``lib.elastic.supervision.Supervision``) is the launcher's state: the job it supervises,
+    which the records' implementations read (they do nothing while there is none).
+    ``mmp doctor`` and ``mmp patches`` list these records as the launcher's.
+    """
+
+
+@hookspec
 def mmp_add_arguments(parser, session):
     """Add this feature's argument group to Megatron's ``argparse`` parser.
 

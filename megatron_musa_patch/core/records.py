@@ -70,6 +70,10 @@ class Patch:
     #: torch and for those whose code reaches torch's private names
     #: (``tests/upstream/test_compatibility.py``); None: not gated on torch
     torch: Optional[str] = dataclasses.field(default=None, kw_only=True)
+    #: the third-party package the target belongs to and the releases the record was verified
+    #: with, as a requirement (``"dlrover==0.6.1"``): another installed release shows it as
+    #: unverified; where the package is not installed, its module is never imported
+    distribution: str = dataclasses.field(default="", kw_only=True)
     #: why the record is not needed from its upper bound on (upstream fixed or removed what it
     #: patches): a later release then skips it instead of trying it unverified
     ends: str = dataclasses.field(default="", kw_only=True)
@@ -100,10 +104,28 @@ class Patch:
                 f"patch {self.id} (feature '{self.feature}') patches torch ({self.target}) but "
                 f"names no torch range: give torch=VERIFIED (core/records.py: the layer's "
                 f"{tables.TORCH_VERIFIED}) or the releases it was verified on")
+        if self.distribution:
+            try:
+                _, spec = self.distribution_range
+                if not Range.parse(spec).bounded:
+                    raise ValueError("it needs the releases it was verified with, e.g. ==1.2.3")
+            except ValueError as exc:  # packaging's InvalidRequirement is one
+                raise RecordError(f"patch {self.id}: bad distribution {self.distribution!r}: "
+                                  f"{exc}") from exc
         if self.torch is not None:
             object.__setattr__(self, "torch",
                                _completed(self, "torch", self.torch, tables.TORCH_VERIFIED))
             _check_range(self, "torch", self.torch, tables.TORCH)
+
+    @property
+    def distribution_range(self) -> Tuple[str, str]:
+        """(name, range) of ``distribution``; ("", "") for none."""
+        if not self.distribution:
+            return "", ""
+        from packaging.requirements import Requirement
+
+        requirement = Requirement(self.distribution)
+        return requirement.name, str(requirement.specifier)
 
     def for_device(self, name: str) -> bool:
         return self.devices is None or name in self.devices

@@ -139,6 +139,22 @@ class Registry:
             if patch.module == module.__name__ and self._results[patch.key].status == DEFERRED:
                 self._apply(patch, module)
 
+    def preview(self, where: str) -> None:
+        """Each record's status as far as it can be told without applying it (records applied
+        in another process, ``where``): skipped, failed or unverified here with the reason, and
+        otherwise deferred to ``where``."""
+        for patch in self._patches.values():
+            reason = self.gate.off_reason(patch)
+            if reason is not None:
+                self._set(patch, SKIPPED, reason)
+                continue
+            status, reason = self.verdict(patch)
+            if status in (FAILED, SKIPPED):
+                self._set(patch, status, reason)
+            else:
+                self._set(patch, DEFERRED, f"applied {where}" + (
+                    f"; unverified here: {reason}" if status == UNVERIFIED else ""))
+
     def verdict(self, patch: Patch) -> Tuple[str, str]:
         """Whether ``patch`` is meant for the installed releases (:meth:`Gate.verdict`)."""
         return self.gate.verdict(patch, self._variants(patch.id))
@@ -306,7 +322,7 @@ class Registry:
     def resolve(self, patch: Patch) -> Tuple[str, str]:
         """Whether ``patch``'s target exists in the installed release, whatever the device
         (``mmp patches --resolve-all``): ("resolved" | "missing" | "not importable" |
-        "stand-in", detail). Imports the target module; changes nothing."""
+        "stand-in" | "not installed", detail). Imports the target module; changes nothing."""
         if patch.kind is Kind.MODULE:
             try:
                 exists = importlib.util.find_spec(patch.module) is not None
@@ -318,6 +334,9 @@ class Registry:
                                     "upstream has no such module here: the stand-in serves it")
             return ("resolved", f"upstream's module is used ({skip})") if exists else \
                 ("missing", f"no such module, and the stand-in is not served ({skip})")
+        name, _ = patch.distribution_range
+        if name and installed.distribution_version(name) is None:
+            return "not installed", f"{name} is not installed (the record waits for its import)"
         try:
             module = importlib.import_module(patch.module)
         except Exception as exc:  # noqa: BLE001 - reported, this is a diagnostic

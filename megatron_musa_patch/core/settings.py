@@ -26,6 +26,16 @@ from typing import Mapping, Optional, Tuple
 from .errors import SettingsError
 
 PREFIX = "MEGATRON_MUSA_PATCH"
+#: the names other modules set or name in messages (each variable is described in VARIABLES)
+ACTIVATE_ENV = PREFIX
+AUTOACTIVATE_ENV = f"{PREFIX}_AUTOACTIVATE"
+DEVICE_ENV = f"{PREFIX}_DEVICE"
+DISABLE_ENV = f"{PREFIX}_DISABLE"
+ALLOW_UNVERIFIED_ENV = f"{PREFIX}_ALLOW_UNVERIFIED"
+TORCHADA_ENV = f"{PREFIX}_TORCHADA"
+LOG_ENV = f"{PREFIX}_LOG"
+ARGS_CHECK_ENV = f"{PREFIX}_ARGS_CHECK"
+WATCHDOG_DIR_ENV = f"{PREFIX}_WATCHDOG_DIR"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -40,14 +50,14 @@ class Variable:
 
 
 VARIABLES = (
-    Variable(PREFIX, _TRUE + _FALSE, "0",
+    Variable(ACTIVATE_ENV, _TRUE + _FALSE, "0",
              "activate in every Python process of the environment (the .pth start-up hook)"),
-    Variable(f"{PREFIX}_AUTOACTIVATE", _TRUE + _FALSE, "1",
+    Variable(AUTOACTIVATE_ENV, _TRUE + _FALSE, "1",
              "0: `import megatron_musa_patch` does not activate (mmp's own commands, tests)"),
-    Variable(f"{PREFIX}_DEVICE", ("auto", "musa", "cpu", "cuda"), "auto",
+    Variable(DEVICE_ENV, ("auto", "musa", "cpu", "cuda"), "auto",
              "the device row (auto: musa when torch_musa imports, else cuda when a CUDA GPU is "
              "visible, else cpu)"),
-    Variable(f"{PREFIX}_DISABLE", (), "",
+    Variable(DISABLE_ENV, (), "",
              "features switched off, comma-separated; a group name (fused_ops) means all of it"),
     Variable(f"{PREFIX}_ONLY", (), "",
              "keep only these optional features (required ones stay); 'none': required ones "
@@ -58,7 +68,7 @@ VARIABLES = (
              "installed external plugins not to load, by name"),
     Variable(f"{PREFIX}_ALLOW_LATE", _TRUE + _FALSE, "0",
              "1: activate even after Megatron was imported (copies are rebound where found)"),
-    Variable(f"{PREFIX}_ALLOW_UNVERIFIED", _TRUE + _FALSE, "0",
+    Variable(ALLOW_UNVERIFIED_ENV, _TRUE + _FALSE, "0",
              "1: apply patches on a Megatron release they were not verified on"),
     Variable(f"{PREFIX}_JIT", ("auto", "compile", "eager"), "auto",
              "what megatron.core.jit.jit_fuser does (auto: the device row's default)"),
@@ -68,18 +78,18 @@ VARIABLES = (
              "grouped GEMM for --moe-grouped-gemm (auto: measured choice per device)"),
     Variable(f"{PREFIX}_KERNELS", _TRUE + _FALSE, "1",
              "0: never load or build the csrc/ kernels"),
-    Variable(f"{PREFIX}_TORCHADA", _TRUE + _FALSE, "1",
+    Variable(TORCHADA_ENV, _TRUE + _FALSE, "1",
              "on the musa row, torch-level mapping by torchada (the musa extra); 0: the layer's "
              "built-in mapping"),
-    Variable(f"{PREFIX}_LOG", ("brief", "full"), "brief",
+    Variable(LOG_ENV, ("brief", "full"), "brief",
              "what a rank prints about the layer: brief (one line; the patch table only when a "
              "patch failed; upstream's warnings that TransformerEngine or Apex is missing as one "
              "line saying what runs instead), full (the patch table and upstream's warnings as "
              "they are)"),
-    Variable(f"{PREFIX}_ARGS_CHECK", _TRUE + _FALSE, "1",
+    Variable(ARGS_CHECK_ENV, _TRUE + _FALSE, "1",
              "`mmp run` checks a Megatron script's arguments with Megatron's own parser before "
              "any rank starts (0: the ranks check them, each on its own)"),
-    Variable(f"{PREFIX}_WATCHDOG_DIR", (), "",
+    Variable(WATCHDOG_DIR_ENV, (), "",
              "where each rank's hang watchdog writes its report (`mmp run` sets it and reads "
              "them; unset: the stack goes to the rank's stderr)"),
 )
@@ -216,24 +226,24 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         only = tuple(n for n in names if n != "none")
     lm = environ.get(LM_PATH_ENV, "").strip()
     return Settings(
-        device=_value(environ, f"{PREFIX}_DEVICE"),
-        disable=_list(environ.get(f"{PREFIX}_DISABLE", "")),
+        device=_value(environ, DEVICE_ENV),
+        disable=_list(environ.get(DISABLE_ENV, "")),
         only=only,
         plugins=_list(environ.get(f"{PREFIX}_PLUGINS", "")),
         block_plugins=_list(environ.get(f"{PREFIX}_BLOCK_PLUGINS", "")),
         allow_late=_flag(environ, f"{PREFIX}_ALLOW_LATE"),
-        allow_unverified=_flag(environ, f"{PREFIX}_ALLOW_UNVERIFIED"),
+        allow_unverified=_flag(environ, ALLOW_UNVERIFIED_ENV),
         jit=_value(environ, f"{PREFIX}_JIT"),
         ops=_value(environ, f"{PREFIX}_OPS"),
         gmm=_value(environ, f"{PREFIX}_GMM"),
         kernels=_flag(environ, f"{PREFIX}_KERNELS"),
-        torchada=_flag(environ, f"{PREFIX}_TORCHADA"),
+        torchada=_flag(environ, TORCHADA_ENV),
         torchada_platform=environ.get(TORCHADA_PLATFORM_ENV, "").strip().lower() or None,
         torchada_force_cuda_available=environ.get(TORCHADA_FORCE_ENV),
         lm_path=Path(lm).expanduser().resolve() if lm else None,
         mt_env=tuple((name, environ[name].strip()) for name in MT_VARIABLES
                      if environ.get(name, "").strip()),
-        watchdog_dir=environ.get(f"{PREFIX}_WATCHDOG_DIR", "").strip() or None,
-        log=_value(environ, f"{PREFIX}_LOG"),
-        args_check=_flag(environ, f"{PREFIX}_ARGS_CHECK"),
+        watchdog_dir=environ.get(WATCHDOG_DIR_ENV, "").strip() or None,
+        log=_value(environ, LOG_ENV),
+        args_check=_flag(environ, ARGS_CHECK_ENV),
     )

@@ -66,20 +66,28 @@ def grouped(rows: List[PatchResult]) -> List[PatchResult]:
 
 
 def render_table(state, collapse: bool = True) -> str:
-    rows = state.registry.results()
+    return "\n".join([header(state)] + _rows_table("patches", state.registry.results(),
+                                                   collapse))
+
+
+def render_launcher_table(rows: List[PatchResult]) -> str:
+    """The launcher's records (``mmp_register_launcher_patches``), below the ranks' table."""
+    return "\n".join(_rows_table("launcher patches", rows, collapse=False))
+
+
+def _rows_table(title: str, rows: List[PatchResult], collapse: bool) -> List[str]:
     counts = collections.Counter(r.status for r in rows)
     shown = grouped(rows) if collapse else rows
     shown = sorted(shown, key=lambda r: (r.feature != "device", r.feature, _ORDER[r.status]))
     width_id = max([len(shown_id(r)) for r in shown] + [5])
     width_target = min(max([len(r.target) for r in shown] + [6]), 72)
-    lines = [header(state),
-             "patches: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, UNVERIFIED, DEFERRED,
+    lines = [f"{title}: " + ", ".join(f"{counts[s]} {s}" for s in (APPLIED, UNVERIFIED, DEFERRED,
                                                                     SKIPPED, FAILED)),
              f"{'status':10} {'patch':{width_id}} {'target':{width_target}} reason"]
     for r in shown:
         target = r.target if len(r.target) <= width_target else "..." + r.target[-width_target + 3:]
         lines.append(f"{r.status:10} {shown_id(r):{width_id}} {target:{width_target}} {r.reason}")
-    return "\n".join(lines)
+    return lines
 
 
 def as_json(state) -> dict:
@@ -93,19 +101,19 @@ def as_json(state) -> dict:
     }
 
 
-def resolutions(state) -> List[dict]:
-    """Every record's target resolved on the installed releases, whatever the device: one dict
-    per record (``id``, ``megatron``, ``torch``, ``target``, ``devices``, ``for_this_release``,
-    ``verified``, ``status``, ``detail``). ``verified`` is False for a record meant for this
-    release that was not verified on it (a release the tables gained since, or one outside them
-    under ALLOW_UNVERIFIED)."""
+def resolutions(registry) -> List[dict]:
+    """Every record of ``registry`` with its target resolved on the installed releases, whatever
+    the device: one dict per record (``id``, ``megatron``, ``torch``, ``target``, ``devices``,
+    ``for_this_release``, ``verified``, ``status``, ``detail``). ``verified`` is False for a
+    record meant for this release that was not verified on it (a release the tables gained
+    since, or one outside them under ALLOW_UNVERIFIED)."""
     out = []
-    for patch in state.registry.patches():
-        verdict, why = state.registry.verdict(patch)
-        status, detail = state.registry.resolve(patch)
+    for patch in registry.patches():
+        verdict, why = registry.verdict(patch)
+        status, detail = registry.resolve(patch)
         out.append({"id": patch.id, "megatron": patch.megatron, "torch": patch.torch or "",
                     "target": patch.target, "feature": patch.feature,
-                    "devices": state.registry.devices_of(patch), "for_this_release": verdict in IN_EFFECT,
+                    "devices": registry.devices_of(patch), "for_this_release": verdict in IN_EFFECT,
                     "verified": verdict == APPLIED, "unverified_because": why
                     if verdict == UNVERIFIED else "", "status": status, "detail": detail})
     return out

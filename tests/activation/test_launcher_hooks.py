@@ -1,5 +1,5 @@
 """The env hook in the agents of dlrover-run and ft_launcher (_megatron_musa_patch_boot.py,
-launch.supervise): the agent process does not activate the layer,
+the launcher's records): the agent process does not activate the layer,
 gets mmp run's side once its launcher module is imported, and dlrover 0.6.1's standalone master
 starts on a torch whose SubprocessHandler requires numa_options. Stand-in launcher modules here;
 the real dlrover-run and ft_launcher with pretrain_gpt.py: tests/training/test_restarts.py."""
@@ -54,10 +54,10 @@ def test_dlrover_runs_agent_is_supervised_and_not_activated(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     # not activated; numa_options filled in; the run under mmp run's side, named for dlrover-run
-    assert lines[0] == ("active False result ('started', None) seen [('agent', "
-                        "'torch.distributed.elastic.agent.server.local_elastic_agent'), "
+    assert lines[0] == ("active False result ('started', None) seen [('elastic', 'torch'), "
                         "('launcher', 'mmp (dlrover-run)'), ('max_restarts', 3), ('restarter', "
-                        "'dlrover-run'), ('script_args', ['--save', 'd'])]"), proc.stdout
+                        "'dlrover-run'), ('script_args', ['--save', 'd']), ('state', "
+                        "'Supervision')]"), proc.stdout
     assert lines[1] == "autoactivate None"  # restored: the workers it starts activate
 
 

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from megatron_musa_patch.cli.launch import failure_report
+from megatron_musa_patch.lib.elastic.failure_report import failure_report
 from megatron_musa_patch.lib.elastic import reports
 
 from tests.conftest import subprocess_env

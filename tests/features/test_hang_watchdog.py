@@ -6,16 +6,19 @@ pretrain_gpt.py: tests/training/test_restarts.py."""
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import time
 import types
 
 import pytest
+import wrapt
 
-from megatron_musa_patch.cli import launch
+from megatron_musa_patch.lib.elastic.failure_report import failure_report
 from megatron_musa_patch.lib.elastic import reports
 from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
 from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.upstream.checkpoint_files import TRACKER
 from megatron_musa_patch.features import hang_watchdog, restart_store
 
 from tests.conftest import probe_env, run_probe
@@ -164,64 +167,108 @@ def test_diagnosis_tells_frozen_hung_and_waiting_ranks_apart():
 def test_failure_report_before_a_restart_and_when_none_is_left(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / launch.TRACKER).write_text("4")
+    (ckpt / TRACKER).write_text("4")
     failure = types.SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=0)
     stopped = types.SimpleNamespace(exitcode=-signal.SIGTERM, local_rank=1, pid=101, timestamp=0)
     watchdog = {0: _report(0, stacks=COLLECTIVE), 1: _report(1)}
     script = ["--save", str(ckpt), "--load", str(ckpt)]
-    before = launch.failure_report({0: failure, 1: stopped}, script, watchdog, restart=(1, 2))
+    before = failure_report({0: failure, 1: stopped}, script, watchdog, restart=(1, 2))
     assert before.startswith("mmp run: rank 0's main thread when its hang watchdog fired")
     assert before.splitlines()[-1].endswith(
         f"torchrun restarts the group (restart 1 of 2). The latest complete checkpoint in {ckpt} "
         f"is iteration 4; the restarted group resumes from it (--load).")
-    final = launch.failure_report({0: failure, 1: stopped}, script, watchdog, max_restarts=2)
+    final = failure_report({0: failure, 1: stopped}, script, watchdog, max_restarts=2)
     assert "No restart was left (--max-restarts 2). The latest complete checkpoint" in final
-    no_load = launch.failure_report({0: failure}, ["--save", str(ckpt)], {}, restart=(1, 1))
+    no_load = failure_report({0: failure}, ["--save", str(ckpt)], {}, restart=(1, 1))
     assert no_load.endswith("The script has no --load: the restarted group starts from the "
                             "beginning (give it --load with the --save directory to resume).")
 
 
-def test_the_agent_wrappers_are_removed_after_the_run():
+@pytest.fixture
+def launcher_side():
+    """The launcher's records applied in this process, as mmp run applies them; undone after."""
+    from megatron_musa_patch import activation
+
+    side = activation.activate_launcher()
+    yield side
+    activation.deactivate_launcher()
+
+
+def test_the_launchers_records_wrap_the_agent_and_are_undone(launcher_side):
     from torch.distributed.elastic.agent.server import api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch.lib.elastic.agent import driven
+    from megatron_musa_patch import activation
 
-    originals = (LocalElasticAgent.__dict__["_monitor_workers"],
-                 api.SimpleElasticAgent.__dict__["_restart_workers"],
-                 subprocess_handler.SubprocessHandler.__dict__["close"])
-    with driven(lambda *a: None):
-        assert LocalElasticAgent.__dict__["_monitor_workers"] is not originals[0]
-        assert subprocess_handler.SubprocessHandler.__dict__["close"] is not originals[2]
-    assert (LocalElasticAgent.__dict__["_monitor_workers"],
-            api.SimpleElasticAgent.__dict__["_restart_workers"],
-            subprocess_handler.SubprocessHandler.__dict__["close"]) == originals
+    wrapped = (LocalElasticAgent.__dict__["_monitor_workers"],
+               api.SimpleElasticAgent.__dict__["_restart_workers"],
+               subprocess_handler.SubprocessHandler.__dict__["close"])
+    rows = {r.id: r.status for r in launcher_side.registry.results()}
+    assert {rows[f"reliability.elastic_agent.torch.{m}"] for m in ("monitor", "restart", "close")} \
+        == {"applied"}
+    assert all(isinstance(w, wrapt.FunctionWrapper) for w in wrapped)
+    activation.deactivate_launcher()
+    now = (LocalElasticAgent.__dict__["_monitor_workers"],
+           api.SimpleElasticAgent.__dict__["_restart_workers"],
+           subprocess_handler.SubprocessHandler.__dict__["close"])
+    assert [w.__wrapped__ for w in wrapped] == list(now)
+    assert not any(isinstance(w, wrapt.FunctionWrapper) for w in now)
 
 
-def test_a_stopped_process_takes_the_agents_stop_signal_at_once():
+def test_the_launchers_records_are_switched_off_like_any_feature(monkeypatch):
+    from megatron_musa_patch import activation
+
+    monkeypatch.setenv("MEGATRON_MUSA_PATCH_DISABLE", "reliability.elastic_agent")
+    side = activation.launcher_side()
+    side.registry.preview(activation.LAUNCHER_PROCESSES)
+    rows = {r.id: r for r in side.registry.results()}
+    agent_rows = [r for r in rows.values() if r.feature == "reliability.elastic_agent"]
+    assert len(agent_rows) == 6 and {r.status for r in agent_rows} == {"skipped"}
+    assert "switched off" in agent_rows[0].reason
+    assert rows["reliability.dlrover_run.run"].status == "deferred"
+    assert rows["reliability.dlrover_run.run"].reason.startswith("applied by the launcher")
+
+
+def test_a_stopped_process_takes_the_agents_stop_signal_at_once(launcher_side):
     """SubprocessHandler.close under mmp run: SIGTERM, then SIGCONT for a stopped rank."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch.lib.elastic.agent import driven, stopped_as_a_whole
+    from megatron_musa_patch.lib.elastic.agent import stopped_as_a_whole
+    from megatron_musa_patch.lib.elastic.supervision import Job
 
     import inspect
 
     extra = {"numa_options": None} if "numa_options" in inspect.signature(
         subprocess_handler.SubprocessHandler).parameters else {}  # newer torch requires it
-    handler = subprocess_handler.SubprocessHandler(
-        entrypoint=sys.executable, args=("-c", "import time; time.sleep(60)"),
-        env=dict(os.environ), stdout=None, stderr=None, local_rank_id=0, **extra)
-    os.kill(handler.proc.pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while not stopped_as_a_whole(handler.proc.pid):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+
+    def stopped_child():
+        handler = subprocess_handler.SubprocessHandler(
+            entrypoint=sys.executable, args=("-c", "import time; time.sleep(60)"),
+            env=dict(os.environ), stdout=None, stderr=None, local_rank_id=0, **extra)
+        os.kill(handler.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not stopped_as_a_whole(handler.proc.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return handler
+
     heard = []
-    with driven(lambda *a: None, on_frozen=heard.append):
+    handler = stopped_child()
+    launcher_side.supervision.job = Job(lambda *a: None, heard.append)
+    try:
         handler.close(signal.SIGTERM)
+    finally:
+        launcher_side.supervision.job = None
     assert handler.proc.wait(timeout=10) == -signal.SIGTERM
     assert heard == [handler.proc.pid]  # what mmp run marks in the report directory
+    # no job supervised: the record passes through, and the stopped rank keeps the signal
+    idle = stopped_child()
+    idle.close(signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        idle.proc.wait(timeout=1)  # stopped, the SIGTERM pending
+    os.killpg(idle.proc.pid, signal.SIGCONT)
+    assert idle.proc.wait(timeout=10) == -signal.SIGTERM
     assert not stopped_as_a_whole(os.getpid())
 
 

@@ -387,7 +387,7 @@ def test_save_with_args_that_lack_load_goes_to_upstream(monkeypatch):
 
 
 def test_dead_rank_report_names_the_rank_and_the_checkpoint(tmp_path):
-    from megatron_musa_patch.cli.launch import failure_report
+    from megatron_musa_patch.lib.elastic.failure_report import failure_report
 
     save_dir(tmp_path, "4")
     failures = {0: types.SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=7),

@@ -1,2 +1,4 @@
 """Hung and dead ranks: the per-rank hang watchdog (``watchdog``), what its reports say
-(``reports``), and the launcher's side of torch's elastic agent (``agent``: ``mmp run``)."""
+(``reports``, ``failure_report``), and the launcher's side of a job (``supervision``; what the
+launcher's records do to torch's elastic agent, ``agent``, and to other launchers,
+``launchers``)."""

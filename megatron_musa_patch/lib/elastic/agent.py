@@ -1,69 +1,64 @@
-"""``mmp run``'s side of torch's elastic agent, for as long as it drives one.
+"""What the launcher's records do to torch's elastic agent (``features/reliability``).
 
 * A rank stopped as a whole (SIGSTOP) keeps the agent's SIGTERM pending until it is continued:
   the agent waited 30 s for it, then killed it. After the stop signal it now also gets SIGCONT,
-  so it takes the signal at once (a running process ignores SIGCONT). ``on_frozen(pid)`` hears
-  of each rank found stopped that way: continued, it looks like any other rank.
-* Before each restart the agent would only log that it restarts: ``mmp run`` says which rank
-  failed and where (the watchdog reports, ``reports.py``), and which checkpoint the group resumes
-  from.
+  so it takes the signal at once (a running process ignores SIGCONT). The job hears of each rank
+  found stopped that way: continued, it looks like any other rank.
+* Before each restart the agent would only log that it restarts: the job says which rank failed
+  and where (the watchdog reports, ``reports.py``), and which checkpoint the group resumes from.
 
-The wrappers are installed on the agent's classes inside the ``driven`` context and removed
-after: torch's (torchrun, dlrover-run's agent derives from them), or the copy of torch's elastic
-package that nvidia-resiliency-ext's ft_launcher runs (``Elastic.nvrx``).
+The implementations take the launcher's :class:`~.supervision.Supervision` first and do nothing
+while it supervises no job, so their records can stay applied for the launcher process's life.
+Torch's elastic package serves torchrun and dlrover-run's agent (which derives from it);
+nvidia-resiliency-ext's ft_launcher runs a copy of it (``ELASTIC["nvrx"]``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import signal
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Dict
 
-import wrapt
-
-#: verified on these torch releases (the agent's private methods are wrapped)
-VERIFIED_TORCH = ">=2.11,<2.16"
-
-
-#: nvidia-resiliency-ext's copy of torch's elastic package, verified with its release 0.4.1
+#: nvidia-resiliency-ext's copy of torch's elastic package
 NVRX_ELASTIC = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat"
 
 
-@dataclass(frozen=True)
-class Elastic:
-    """The classes of one elastic package an agent runs on."""
+@dataclasses.dataclass(frozen=True)
+class ElasticPackage:
+    """Where one elastic package defines what the records wrap (the class that defines each
+    method: LocalElasticAgent overrides ``_monitor_workers`` only)."""
 
-    api: object  # the module of WorkerState and SimpleElasticAgent (which has _restart_workers)
-    local_agent: type  # the agent class that defines _monitor_workers
-    subprocess_handler: type
-    child_failed: type  # what the launch raises when the job failed
+    package: str
+    #: the module of the agent class that defines ``_monitor_workers``
+    local_agent: str
 
-    @classmethod
-    def torch(cls) -> "Elastic":
-        from torch.distributed.elastic.agent.server import api
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
-            subprocess_handler)
+    @property
+    def monitor(self) -> str:
+        return f"{self.local_agent}:LocalElasticAgent._monitor_workers"
 
-        return cls(api, LocalElasticAgent, subprocess_handler.SubprocessHandler,
-                   ChildFailedError)
+    @property
+    def restart(self) -> str:
+        return f"{self.package}.agent.server.api:SimpleElasticAgent._restart_workers"
 
-    @classmethod
-    def nvrx(cls) -> "Elastic":
-        """ft_launcher's: its agent (``fault_tolerance.launcher.LocalElasticAgent``) derives from
-        the copy's SimpleElasticAgent and starts ranks with the copy's SubprocessHandler."""
-        import importlib
+    @property
+    def close(self) -> str:
+        return (f"{self.package}.multiprocessing.subprocess_handler.subprocess_handler:"
+                f"SubprocessHandler.close")
 
-        from nvidia_resiliency_ext.fault_tolerance.launcher import LocalElasticAgent
+    def child_failed(self) -> type:
+        """What the launch raises when the job failed."""
+        return importlib.import_module(f"{self.package}.multiprocessing.errors").ChildFailedError
 
-        api = importlib.import_module(f"{NVRX_ELASTIC}.agent.server.api")
-        errors = importlib.import_module(f"{NVRX_ELASTIC}.multiprocessing.errors")
-        handler = importlib.import_module(
-            f"{NVRX_ELASTIC}.multiprocessing.subprocess_handler.subprocess_handler")
-        return cls(api, LocalElasticAgent, handler.SubprocessHandler, errors.ChildFailedError)
+
+ELASTIC: Dict[str, ElasticPackage] = {
+    "torch": ElasticPackage("torch.distributed.elastic",
+                            "torch.distributed.elastic.agent.server.local_elastic_agent"),
+    # ft_launcher's agent derives from the copy's SimpleElasticAgent, its ranks start with the
+    # copy's SubprocessHandler
+    "nvrx": ElasticPackage(NVRX_ELASTIC, "nvidia_resiliency_ext.fault_tolerance.launcher"),
+}
 
 
 def stopped_as_a_whole(pid: int) -> bool:
@@ -77,58 +72,43 @@ def stopped_as_a_whole(pid: int) -> bool:
     return state in (b"T", b"t")
 
 
-@contextmanager
-def driven(on_restart: Callable[[Dict[int, object], int, int], None],
-           elastic: Optional[Elastic] = None,
-           on_frozen: Optional[Callable[[int], None]] = None):
-    """While the context is open, ``on_restart(failures, restart, max_restarts)`` runs before a
-    restart that follows failed ranks (not one for a node joining), and ``on_frozen(pid)`` when
-    the agent ends a rank it finds stopped as a whole."""
-    elastic = elastic or Elastic.torch()
-    api = elastic.api
+def monitor(supervision, wrapped, instance, args, kwargs):
+    """The agent's look at its workers, remembered for the restart that may follow."""
+    result = wrapped(*args, **kwargs)
+    job = supervision.job
+    if job is not None:
+        job.last_result = result
+    return result
 
-    last: Dict[str, Optional[object]] = {"result": None}
 
-    def monitor(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        last["result"] = result
-        return result
-
-    def restart(wrapped, instance, args, kwargs):
-        result = last["result"]
-        if result is not None and result.state in (api.WorkerState.FAILED,
-                                                    api.WorkerState.UNHEALTHY):
-            spec = instance._worker_group.spec
-            # the rest of the group stopped first, as when no restart is left: their reports
-            # then hold what the stop signal found (the restart's own stop finds them ended)
-            instance._stop_workers(instance._worker_group)
-            on_restart(dict(result.failures), spec.max_restarts - instance._remaining_restarts,
-                       spec.max_restarts)
-        last["result"] = None
+def restart(supervision, wrapped, instance, args, kwargs):
+    """Before a restart that follows failed ranks (not one for a node joining): the rest of the
+    group stopped first, as when no restart is left, so their reports hold what the stop signal
+    found (the restart's own stop finds them ended); then the job's ``on_restart``."""
+    job = supervision.job
+    if job is None:
         return wrapped(*args, **kwargs)
+    result, job.last_result = job.last_result, None
+    # WorkerState by name: torch's and nvidia-resiliency-ext's copy have one each
+    if result is not None and getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY"):
+        spec = instance._worker_group.spec
+        instance._stop_workers(instance._worker_group)
+        job.on_restart(dict(result.failures), spec.max_restarts - instance._remaining_restarts,
+                       spec.max_restarts)
+    return wrapped(*args, **kwargs)
 
-    def close(wrapped, instance, args, kwargs):
-        pid = getattr(getattr(instance, "proc", None), "pid", None)
-        if on_frozen is not None and pid is not None and stopped_as_a_whole(pid):
-            on_frozen(pid)
-        result = wrapped(*args, **kwargs)
-        try:
-            os.killpg(instance.proc.pid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError, AttributeError):
-            pass
-        return result
 
-    # where each method is defined (LocalElasticAgent overrides _monitor_workers only)
-    targets = [(elastic.local_agent, "_monitor_workers", monitor),
-               (api.SimpleElasticAgent, "_restart_workers", restart),
-               (elastic.subprocess_handler, "close", close)]
-    saved = []
-    for owner, name, impl in targets:
-        original = owner.__dict__[name]
-        saved.append((owner, name, original))
-        setattr(owner, name, wrapt.FunctionWrapper(original, impl))
+def close(supervision, wrapped, instance, args, kwargs):
+    """The stop signal, then SIGCONT: a rank stopped as a whole takes it at once."""
+    job = supervision.job
+    if job is None:
+        return wrapped(*args, **kwargs)
+    pid = getattr(getattr(instance, "proc", None), "pid", None)
+    if pid is not None and stopped_as_a_whole(pid):
+        job.on_frozen(pid)
+    result = wrapped(*args, **kwargs)
     try:
-        yield
-    finally:
-        for owner, name, original in reversed(saved):
-            setattr(owner, name, original)
+        os.killpg(instance.proc.pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        pass
+    return result

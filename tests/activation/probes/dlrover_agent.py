@@ -13,20 +13,20 @@ import types
 import megatron_musa_patch
 from dlrover.trainer.torch import elastic_run
 
-from megatron_musa_patch.cli import launch
+from megatron_musa_patch.lib.elastic import supervision
 
 seen = {}
 
 
-def supervised(script_args, max_restarts, elastic, **said):
-    """launch.supervised, recording what it was given."""
-    seen.update(said, script_args=script_args, max_restarts=max_restarts,
-                agent=elastic.local_agent.__module__)
+def supervised(state, script_args, max_restarts, elastic, **said):
+    """supervision.supervised, recording what it was given."""
+    seen.update(said, script_args=script_args, max_restarts=max_restarts, elastic=elastic,
+                state=type(state).__name__)
     return contextlib.nullcontext()
 
 
 def main():
-    launch.supervised = supervised
+    supervision.supervised = supervised
     result = elastic_run.run(types.SimpleNamespace(training_script_args=["--save", "d"],
                                                    max_restarts=3))
     print("active", megatron_musa_patch.is_active(), "result", result, "seen",

@@ -1,0 +1,27 @@
+"""nvidia-resiliency-ext's ft_launcher under ``MEGATRON_MUSA_PATCH=1``: its agent gets ``mmp
+run``'s side of the job (the reports before each restart and at the end, a fresh store per
+attempt). Applied in ft_launcher's agent process (``lib/elastic/launchers.py``)."""
+
+from __future__ import annotations
+
+import functools
+
+from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.core.hookspecs import hookimpl
+from megatron_musa_patch.lib.elastic import launchers
+
+FEATURE = feature(
+    __name__,
+    "launcher side: ft_launcher's agent reports which rank failed where and which checkpoint a "
+    "restart resumes from, as mmp run does")
+
+LAUNCHER = launchers.LAUNCHERS["ft_launcher"]
+
+
+@hookimpl
+def mmp_register_launcher_patches(registry, supervision):
+    registry.add(FEATURE.patch(
+        "run", f"{LAUNCHER.module}:run", "wrap",
+        functools.partial(launchers.run_supervised, LAUNCHER, supervision),
+        distribution=LAUNCHER.distribution,
+        why="the job runs under mmp run's supervision, named for ft_launcher"))
