@@ -1,7 +1,7 @@
 """The one error of ``mmp checkpoint``: a model or checkpoint it cannot convert, said in one
 paragraph that names the culprit (architecture, config field, file) and what to do."""
 
-from megatron_musa_patch.core.errors import MegatronMusaPatchError
+from megatron_musa_patch.base.errors import MegatronMusaPatchError
 
 
 class ConversionError(MegatronMusaPatchError):

@@ -2,7 +2,7 @@
 
 A ``torch.save`` file is a zip whose ``*/data.pkl`` is the pickle; its tensors' bytes are other
 entries, which it names through ``persistent_load``. ``torch.load`` imports what the pickle names
-(torch; megatron-core for the enums among the args: two to three seconds on 2 cores) and, for a
+(torch; megatron-core for the enums among the args: seconds) and, for a
 ``torch``-format checkpoint, reads every tensor of the rank's model. The conversion needs only
 the args' plain values (sizes, flags, names), so here whatever the pickle names from torch or
 megatron is an :class:`Opaque` stand-in and no tensor is read. The values that are not plain
@@ -10,8 +10,8 @@ megatron is an :class:`Opaque` stand-in and no tensor is read. The values that a
 pickle is: ``common.pt`` (``torch_dist`` up to megatron-core 0.18), a rank's
 ``model_optim_rng.pt`` (``torch``), or, from 0.19, a ``torch.save`` inside one of a
 ``torch_dist`` checkpoint's ``.distcp`` files, which torch's ``.metadata`` pickle locates
-(:func:`read_dist`; megatron-core's own reader imports torch and megatron-core: about six
-seconds of an export on 2 cores).
+(:func:`read_dist`; megatron-core's own reader imports torch and megatron-core: seconds of an
+export).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import struct
 import zipfile
 from pathlib import Path
 from typing import Optional
+
+from megatron_musa_patch.upstream.checkpoint_files import COMMON_STATE
 
 #: top-level packages whose classes and functions the pickle gets as stand-ins
 STAND_IN = ("torch", "megatron", "transformer_engine", "numpy", "apex")
@@ -77,7 +79,7 @@ def read_torch_dist(directory: Path) -> Optional[argparse.Namespace]:
     """``args`` of a ``torch_dist`` checkpoint's iteration directory: from its ``common.pt`` up to
     megatron-core 0.18, from inside its ``.distcp`` files from 0.19 (:func:`read_dist`). None
     where they do not read so (the caller then asks torch.load or megatron-core)."""
-    common = directory / "common.pt"
+    common = directory / COMMON_STATE
     return read(common) if common.is_file() else read_dist(directory)
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
+
+from .plan import Plan
 
 
 def megatron_model(argv):
@@ -69,15 +70,15 @@ def _flag(argv, name: str):
 def _without_transformers() -> None:
     """transformers kept out of this process. From 0.19, megatron-core builds even a
     NullTokenizer through its tokenizer package, whose Hugging Face tokenizer imports
-    transformers when it is installed: 1.9 s, two fifths of a conversion's start-up on 2 cores,
-    for a library a conversion with the NullTokenizer never calls (the conversion reads and
+    transformers when it is installed: a large share of a conversion's start-up
+    (docs/benchmarks.md, checkpoint conversion), for a library a conversion with the NullTokenizer never calls (the conversion reads and
     writes safetensors itself). ``None`` in ``sys.modules`` makes its import fail as when it is
     not installed (Python's documented way), which megatron-core handles (``HAVE_TRANSFORMERS``)."""
     if "transformers" not in sys.modules:
         sys.modules["transformers"] = None
 
 
-def fill(plan: dict, model) -> None:
+def fill(plan: Plan, model) -> None:
     """Copy the Hugging Face tensors into the one-rank model, one tensor at a time."""
     import torch
 
@@ -85,7 +86,7 @@ def fill(plan: dict, model) -> None:
     from .hf import HFCheckpoint
     from .progress import bar
 
-    source = HFCheckpoint(plan["hf_dir"])
+    source = HFCheckpoint(plan.hf_dir)
     state = model[0].state_dict(keep_vars=True)
     params = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     seen = set()
@@ -151,7 +152,7 @@ def _to_rows(tensor, rows: int):
     return torch.cat([tensor, pad], dim=0)
 
 
-def dump(plan: dict, model) -> None:
+def dump(plan: Plan, model) -> None:
     """Every tensor of the one-rank model, mapped to Hugging Face names, into the writer."""
     import torch
 
@@ -160,7 +161,7 @@ def dump(plan: dict, model) -> None:
     from .hf import HFWriter
     from .progress import bar
 
-    config = plan["hf_config"]
+    config = plan.hf_config
     state = {k: v for k, v in model[0].state_dict().items() if isinstance(v, torch.Tensor)}
     rows = int(config["vocab_size"])
 
@@ -176,7 +177,7 @@ def dump(plan: dict, model) -> None:
         name, tensor = held(name)
         if name.endswith("router.expert_bias"):  # kept in float32 on both sides
             return tensor.detach().to(torch.float32)
-        return tensor.detach().to(getattr(torch, plan["dtype"]))
+        return tensor.detach().to(getattr(torch, plan.dtype))
 
     used = set()
 
@@ -199,14 +200,14 @@ def dump(plan: dict, model) -> None:
             f"has no weights for (the args stored in the checkpoint name them, e.g. "
             f"--qk-layernorm on a family without query/key norms): train without them, or "
             f"export to a family that has them. Nothing was written.")
-    writer = HFWriter(plan["hf_out"], max_shard_bytes=int(plan["max_shard_bytes"]))
+    writer = HFWriter(plan.hf_out, max_shard_bytes=plan.max_shard_bytes)
     try:
         handed: dict = {}
         with bar(total=expected, desc="export-hf", unit="tensor") as progress:
             for name, tensor in families.to_hf(config, get):
                 writer.add(name, _own_storage(tensor, handed))
                 progress.update(1)
-        writer.finish(config, [Path(p) for p in plan.get("side_files", [])])
+        writer.finish(config, [Path(p) for p in plan.side_files])
     except BaseException:
         writer.abandon()
         raise
@@ -214,7 +215,7 @@ def dump(plan: dict, model) -> None:
 
 def _without_crc32() -> None:
     """torch.save (which writes every record of either format) computes a CRC32 over each
-    tensor's bytes, a third of a 1B import's save on 2 cores, and torch.load never checks it
+    tensor's bytes, a good part of a large save, and torch.load never checks it
     (torch documents loading such files; a corrupted record loads alike with or without)."""
     import torch
 
@@ -224,8 +225,7 @@ def _without_crc32() -> None:
 
 #: threads a rank saving a whole model alone writes its torch_dist files with: megatron-core
 #: 0.16's default; from 0.17 the default is one (two files written at once, with
-#: upstream_fixes.writer_threads_together, took a 1B import's save from 5.7 s to 4.3 s on 2
-#: cores, megatron-core 0.19.2)
+#: upstream_fixes.writer_threads_together, save faster: docs/benchmarks.md)
 WRITER_THREADS = 2
 
 
@@ -276,9 +276,8 @@ def _own_storage(tensor, handed: dict):
 
 #: the worker's entry, what ``mmp checkpoint`` runs with ``python -c`` (see ``run``). Python's
 #: cyclic garbage collector is off from its first line: importing torch and megatron-core makes
-#: a great many objects, and the collections they set off took a sixth of the start-up (0.4 of
-#: 2.9 s on 2 cores, Python 3.11, megatron-core 0.16.1); ``main`` turns it on again once the
-#: model is built
+#: a great many objects, and the collections they set off took a noticeable share of the
+#: start-up; ``main`` turns it on again once the model is built
 ENTRY = "import gc; gc.disable(); from megatron_musa_patch.checkpoint.worker import run; run()"
 
 
@@ -299,7 +298,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", choices=("fill", "reshard", "dump"), required=True)
     parser.add_argument("--plan", required=True, help="JSON written by mmp checkpoint")
     opts = parser.parse_args(own)
-    plan = json.loads(Path(opts.plan).read_text())
+    plan = Plan.read(opts.plan)
     args, model = megatron_model(megatron_argv)
     _collect_from_here()
     from megatron.training.checkpointing import load_checkpoint, save_checkpoint
@@ -313,7 +312,7 @@ def main(argv=None) -> int:
         return 0
     # saved in the format asked for, which may not be the one loaded (as upstream's
     # --ckpt-convert-format does it)
-    args.ckpt_format = plan.get("save_format", args.ckpt_format)
+    args.ckpt_format = plan.save_format or args.ckpt_format
     args.use_dist_ckpt = args.ckpt_format != "torch"
     _without_crc32()
     save_checkpoint(0, model, None, None, 0, checkpointing_context=_save_context(args))
@@ -329,8 +328,8 @@ def run() -> None:
     the module: a process started with ``spawn`` imports the parent's main module again, and
     this one would bring the package, torch and megatron-core with it (seconds) for a helper that
     needs none of them (Megatron's checkpoint writer spawns one where the feature
-    ``forked_write_queue`` is switched off)."""
-    from megatron_musa_patch.core.errors import MegatronMusaPatchError
+    ``startup.forked_write_queue`` is switched off)."""
+    from megatron_musa_patch.base.errors import MegatronMusaPatchError
 
     try:
         code = main()
@@ -342,11 +341,11 @@ def run() -> None:
 
 def _leave(code: int) -> None:
     """The process ends here, without the interpreter's shutdown: it would collect and free every
-    object torch and megatron-core made and run their exit handlers (about 0.4 s of a 1B import
-    on 2 cores) for nothing a conversion needs. Every file it wrote is closed by now (the
+    object torch and megatron-core made and run their exit handlers for nothing a conversion
+    needs. Every file it wrote is closed by now (the
     checkpoint's also synced, by Megatron's writer), so the kernel holds all of it; what is left
     is the output in Python's buffers, flushed here, and the helper processes it started, ended
-    here: Megatron's writer spawns its results manager where ``forked_write_queue`` forked none
+    here: Megatron's writer spawns its results manager where ``startup.forked_write_queue`` forked none
     (a step that saves another format than the one it loads), and that manager, which the
     shutdown would have stopped, would outlive the step holding its output open. The ranks of a
     layout have passed their last barrier."""

@@ -124,9 +124,9 @@ def assert_args_read_alone(checkpoint):
     import torch
     from megatron.core.dist_checkpointing import load_common_state_dict
 
-    from megatron_musa_patch.checkpoint import cli, saved_args
+    from megatron_musa_patch.checkpoint import conversion, saved_args
 
-    directory = cli._iteration_dir(checkpoint)
+    directory = conversion._iteration_dir(checkpoint)
     read = saved_args.read_torch_dist(directory)
     assert read is not None, f"saved_args did not read {directory}'s args"
     expected = vars(load_common_state_dict(str(directory))["args"])
@@ -140,11 +140,11 @@ def assert_config_from_args(checkpoint, hf):
     not write) describes the network of the original ``hf`` model."""
     import json
 
-    from megatron_musa_patch.checkpoint import cli, families
+    from megatron_musa_patch.checkpoint import conversion, families
     from megatron_musa_patch.checkpoint.families import common
 
     original = json.loads((hf / "config.json").read_text())
-    args = cli.checkpoint_args(checkpoint)
+    args = conversion.checkpoint_args(checkpoint)
     derived = families.family_from_args(args).config_from_args(
         args, {"vocab_size": int(args.padded_vocab_size)})
     for field in NETWORK_FIELDS:

@@ -9,6 +9,7 @@ import pytest
 
 from megatron_musa_patch.checkpoint import families, worker
 from megatron_musa_patch.checkpoint.errors import ConversionError
+from megatron_musa_patch.checkpoint.plan import Plan
 
 from tests.checkpoint.tiny_models import make
 
@@ -35,8 +36,7 @@ def llama(tmp_path_factory):
 
 
 def plan_for(config, out):
-    return {"hf_config": config, "dtype": "float32", "hf_out": str(out),
-            "max_shard_bytes": 1 << 30}
+    return Plan(hf_config=config, dtype="float32", hf_out=str(out), max_shard_bytes=1 << 30)
 
 
 def test_every_tensor_mapped_exports_the_original_tensors(llama, tmp_path):

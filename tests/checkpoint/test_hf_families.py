@@ -10,7 +10,7 @@ suite."""
 import pytest
 import torch
 
-from megatron_musa_patch.checkpoint.cli import checkpoint_args
+from megatron_musa_patch.checkpoint.conversion import checkpoint_args
 
 from tests.harness import stock as runner
 from tests.checkpoint import tiny_models

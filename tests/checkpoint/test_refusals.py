@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_musa_patch.checkpoint import cli, families
+from megatron_musa_patch.checkpoint import cli, conversion, families
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
          "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
@@ -44,7 +44,7 @@ def lm_path(tmp_path, monkeypatch):
     checkout.mkdir()
     (checkout / "gpt_builders.py").write_text("")
     monkeypatch.setenv("MEGATRON_LM_PATH", str(checkout))
-    monkeypatch.setattr(cli, "_megatron", lambda *a, **k: pytest.fail("a step ran"))
+    monkeypatch.setattr(conversion, "run_step", lambda *a, **k: pytest.fail("a step ran"))
 
 
 def imported(capsys, tmp_path, config, **kw):
@@ -153,7 +153,7 @@ def test_export_of_a_directory_that_is_no_checkpoint(capsys, tmp_path):
 def test_export_with_a_config_of_another_model(capsys, tmp_path, monkeypatch):
     args = type("Args", (), dict(num_layers=2, hidden_size=16, num_attention_heads=2,
                                  padded_vocab_size=64))()
-    monkeypatch.setattr(cli, "checkpoint_args", lambda load: args)
+    monkeypatch.setattr(conversion, "checkpoint_args", lambda load: args)
     config = hf_dir(tmp_path, LLAMA, weights=False, name="config")  # 1 layer, not 2
     err = refused(capsys, ["export-hf", "--load", str(tmp_path), "--hf-dir",
                            str(tmp_path / "hf"), "--hf-config", str(config)])
@@ -165,7 +165,7 @@ def test_vocab_divisor_gives_the_checkpoints_rows():
     # Megatron pads size up to a multiple of divisor * tp; the result must be the HF rows
     for rows, size, tp in [(512, 512, 1), (512, 500, 2), (512, 305, 2), (151936, 151665, 2), (128256, 128256, 8),
                            (32000, 32000, 2)]:
-        divisor = cli.vocab_divisor(rows, size, tp)
+        divisor = conversion.vocab_divisor(rows, size, tp)
         for ways in (1, tp):  # the import fills at TP1, the checkpoint is trained at tp
             multiple = divisor * ways
             assert -(-size // multiple) * multiple == rows, (rows, size, tp, divisor)
@@ -186,10 +186,10 @@ def test_a_layout_that_does_not_split_the_model(capsys, tmp_path, flag, size, sa
 @pytest.mark.parametrize("rows, tp", [(512, 1), (512, 2), (32000, 8), (151936, 4), (50257, 1)])
 def test_null_tokenizer_vocabulary_is_the_rows_on_every_release(rows, tp):
     # NullTokenizer --vocab-size rows-1 is rows tokens up to 0.18 and rows-1 from 0.19
-    divisor = cli.vocab_divisor(rows, rows - 1, tp)
+    divisor = conversion.vocab_divisor(rows, rows - 1, tp)
     for size in (rows - 1, rows):
         assert -(-size // (divisor * tp)) * divisor * tp == rows, (rows, tp, size)
-    flags = cli._export_vocabulary(rows * 2, 2)  # export: the padded rows at the step's TP
+    flags = conversion._export_vocabulary(rows * 2, 2)  # export: the padded rows at the step's TP
     size_flag, divisor = int(flags[3]), int(flags[5])
     for size in (size_flag, size_flag + 1):
         assert -(-size // (divisor * 2)) * divisor * 2 == rows * 2
@@ -400,7 +400,7 @@ def test_block_fp8_is_read_dequantized_and_a_wrong_scale_grid_refused(tmp_path):
     del config["dtype"]
     (path / "config.json").write_text(json.dumps(config))
     assert HFCheckpoint(path).get(name).dtype == torch.float32
-    assert cli._dtype_flags(config) == []
+    assert conversion._dtype_flags(config) == []
     save_file({name: weight.to(torch.float8_e4m3fn), name + "_scale_inv": scale[:1]},
               str(path / "model.safetensors"))
     with pytest.raises(ConversionError, match=r"_scale_inv has shape \(1, 2\), where .* needs "

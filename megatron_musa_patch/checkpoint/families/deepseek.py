@@ -4,7 +4,7 @@ experts. V3 routes on sigmoid scores with an aux-loss-free expert bias, group-li
 normalised, scaled weights; V2 on softmax scores, greedy top-k, weights neither normalised nor
 (V2-Lite) scaled.
 
-Megatron's local spec builds it with ``--multi-latent-attention`` (the layer's ``mla_local``
+Megatron's local spec builds it with ``--multi-latent-attention`` (the layer's ``moe_mla_mtp.mla_local``
 feature makes MLA run without TransformerEngine). Hugging Face's ``rope_interleave`` RoPE (the
 rotary channels read in pairs) is what Megatron's MLA applies, so the rotary weights map as they
 are; V2's complex-valued RoPE rotates the same pairs. YaRN RoPE scaling (what the released V2
