@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from megatron_musa_patch.core.errors import MegatronMusaPatchError
+from megatron_musa_patch.base.errors import MegatronMusaPatchError
 
 
 class DataError(MegatronMusaPatchError):

@@ -2,9 +2,9 @@
 megatron-core's builder once per tokenizer.
 
 Why: megatron-core's builder (what ``pretrain_gpt.py`` and ``preprocess_data.py`` use) costs
-``import megatron.core`` plus transformers' ``AutoTokenizer``, which import torch: 5-10 s on a
-2-core machine, more than tokenizing a 17 MB corpus takes. Yet for a fast tokenizer the ids come
-from the Rust backend in ``tokenizer.json`` (``tokenizer.hf_encoder``); megatron-core and
+``import megatron.core`` plus transformers' ``AutoTokenizer``, which import torch: seconds, more
+than tokenizing a small corpus takes (docs/benchmarks.md, data preparation). Yet for a fast
+tokenizer the ids come from the Rust backend in ``tokenizer.json`` (``tokenizer.hf_encoder``); megatron-core and
 transformers only decide how it is configured, the ``eod`` id and the vocabulary size.
 
 How it stays exact: a *check* (:func:`check_in_process`) builds the tokenizer the exact way and
@@ -34,6 +34,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Optional
+
+from megatron_musa_patch.base.env_names import ACTIVATE_ENV, AUTOACTIVATE_ENV
 
 from .errors import DataError
 from .tokenizer import (PROBES, HFParams, canonical_table, configure_backend, fingerprint,
@@ -140,7 +142,7 @@ def checked_ids(args) -> Optional[dict]:
     megatron-core's builder gives them, from the check record ``mmp data prepare`` stored (under
     ``key``); None without a record that says yes. For a training script that needs only those
     two (megatron-core's ``GPTDataset``): it imports neither megatron-core's tokenizers nor
-    transformers (3-5 s a rank on 2 cores)."""
+    transformers (seconds a rank)."""
     if tokenizer_json(args) is None:
         return None
     key = record_key(fingerprint(args))
@@ -281,7 +283,7 @@ class PendingCheck:
         flags = vars(builder_args(args))  # what the builder reads (legacy_tokenizer: False)
         env = dict(os.environ)
         # nothing to activate in this helper; MEGATRON_MUSA_PATCH=1 would import torch for nothing
-        env.update(MEGATRON_MUSA_PATCH="0", MEGATRON_MUSA_PATCH_AUTOACTIVATE="0")
+        env.update({ACTIVATE_ENV: "0", AUTOACTIVATE_ENV: "0"})
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
             __file__))))
         env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -346,8 +348,8 @@ def _check_main() -> None:
 
 def _without_torch_compile() -> None:
     """``import megatron.core`` decorates its fused functions with ``torch.compile``
-    (``megatron.core.jit.jit_fuser``), which imports dynamo and inductor: 2.2 s of the check's
-    6.2 s measured on 2 cores, for kernels this process never runs (it builds a tokenizer and
+    (``megatron.core.jit.jit_fuser``), which imports dynamo and inductor: a third of the check's
+    time, for kernels this process never runs (it builds a tokenizer and
     writes two small indexes). Here the decorator leaves them as they are, as
     ``megatron.core.jit.disable_jit_fuser`` would, were it callable before that import."""
     import torch

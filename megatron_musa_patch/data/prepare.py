@@ -342,8 +342,8 @@ def _context():
     return multiprocessing.get_context("fork" if "fork" in methods else None)
 
 
-#: input bytes per worker below which a first use's tokenizer check outlasts the work
-#: (measured: the check takes 4-5 s on 2 cores; a worker tokenizes about 5 MB/s)
+#: input bytes per worker below which a first use's tokenizer check outlasts the work (the
+#: check's cost against a worker's rate: docs/benchmarks.md, data preparation)
 CHECK_OUTLASTS_WORK = 16 << 20
 #: how far such a job's workers step back for the check
 YIELD_TO_CHECK = 10

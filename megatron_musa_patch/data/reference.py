@@ -14,7 +14,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
-ENV = "MEGATRON_LM_PATH"
+from megatron_musa_patch.base.env_names import AUTOACTIVATE_ENV
+from megatron_musa_patch.core.settings import LM_PATH_ENV as ENV
 
 _RUNNER = r"""
 import importlib.util, runpy, sys, types
@@ -58,7 +59,7 @@ def run_preprocess_data(argv: List[str], **kwargs) -> subprocess.CompletedProces
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     env = dict(kwargs.pop("env", None) or os.environ)
-    env.setdefault("MEGATRON_MUSA_PATCH_AUTOACTIVATE", "0")
+    env.setdefault(AUTOACTIVATE_ENV, "0")
     proc = subprocess.run(command(argv), env=env, **kwargs)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)

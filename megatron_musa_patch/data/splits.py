@@ -37,7 +37,7 @@ class EmptyDataset:
 def document_range(share: Tuple[float, float], documents: int) -> Tuple[int, int]:
     """The documents ``[first, end)`` megatron-core's ``_build_megatron_dataset_splits`` gives a
     split's share of a prefix (inline there, so restated here; the same in 0.16 to 0.19, and
-    tests/features/test_data_checks.py compares it with that method on the installed release)."""
+    tests/features/reliability/test_data_checks.py compares it with that method on the installed release)."""
     begin, end = share
     return int(round(begin * float(documents))), int(round(end * float(documents)))
 

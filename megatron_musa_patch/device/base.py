@@ -3,14 +3,13 @@
 Megatron is written against ``torch.cuda``, the ``"cuda"`` device string and the ``nccl``
 backend. A :class:`DeviceMapping` says what those mean on one device: which torch device type, which
 module implements the ``torch.cuda`` API, which collective backend. Everything that rewrites
-Megatron's view (``features/device.py``, ``features/collectives.py``) reads the row, so the
+Megatron's view (``features/device.py``, ``features/device/collectives.py``) reads the row, so the
 code CI exercises on the CPU row is the code that runs on the MUSA row.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from types import ModuleType
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
@@ -129,11 +128,3 @@ def cuda_tensor_type_name(tensor_type: str, row: DeviceMapping) -> str:
     base = tensor_type[len("torch.cuda."):]
     return f"torch.{base}" if row.torch_type == "cpu" else f"torch.{row.torch_type}.{base}"
 
-
-def module_or_none(name: str) -> Optional[ModuleType]:
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None

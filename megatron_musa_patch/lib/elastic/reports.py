@@ -5,7 +5,7 @@ A rank whose exception reaches the top leaves an error report (``write_error``: 
 message and the time); :func:`first_error` picks the one that came first, passing over the lost
 connections that a peer's failure causes on the other ranks.
 
-A report (``watchdog.HEADER``) names the last deadline the rank armed; after ``Timeout (``
+A report (:func:`header`) names the last deadline the rank armed; after ``Timeout (``
 follow its stacks, written when that deadline passed, or, without that line, the stacks it
 wrote when the agent ended it (SIGTERM). The agent marks a rank it found stopped as a whole
 (``mark_frozen``). Three kinds of rank come out of it:
@@ -29,13 +29,23 @@ import re
 import signal
 from typing import Dict, List, Optional
 
-from . import watchdog
-from .watchdog import HEADER
-
-_HEADER = re.compile(r"mmp-watchdog rank=(\d+) pid=(\d+) timeout=(\S+) where=(.*)")
+#: the first line of a rank's report (the watchdog writes it with :func:`header`, :func:`read`
+#: parses it); the stacks follow when the deadline passes
+_HEADER = "mmp-watchdog rank={rank} pid={pid} timeout={timeout:g} where={where}\n"
+_HEADER_LINE = re.compile(r"mmp-watchdog rank=(\d+) pid=(\d+) timeout=(\S+) where=(.*)")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 #: how the watchdog's own module ends in a frame's path, wherever the package is installed
-_WATCHDOG_PATH = watchdog.__name__.replace(".", os.sep) + ".py"
+_WATCHDOG_PATH = f"{__package__}.watchdog".replace(".", os.sep) + ".py"
+
+
+def header(rank: int, pid: int, timeout: float, where: str) -> str:
+    """The first line of a rank's report: the deadline it armed last."""
+    return _HEADER.format(rank=rank, pid=pid, timeout=timeout, where=where)
+
+
+def report_file(report_dir: str, rank: int) -> str:
+    """Where rank ``rank``'s watchdog writes its report."""
+    return os.path.join(report_dir, f"rank{rank}.txt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +130,7 @@ def read(report_dir: Optional[str]) -> Dict[int, RankReport]:
         except OSError:
             continue
         first, _, rest = text.partition("\n")
-        match = _HEADER.match(first)
+        match = _HEADER_LINE.match(first)
         if not match:
             continue
         fired = "Timeout (" in rest
@@ -317,6 +327,6 @@ def first_error(errors: Dict[int, ErrorReport]) -> Optional[ErrorReport]:
     return min(own or errors.values(), key=lambda e: (e.time, e.rank))
 
 
-__all__ = ["HEADER", "RankReport", "read", "clear", "mark_frozen", "diagnosis", "ErrorReport",
-           "write_error", "read_errors", "first_error", "launcher_said", "launcher_last_line",
-           "mark_rank_started", "rank_started", "forget_attempt"]
+__all__ = ["header", "report_file", "RankReport", "read", "clear", "mark_frozen", "diagnosis",
+           "ErrorReport", "write_error", "read_errors", "first_error", "launcher_said",
+           "launcher_last_line", "mark_rank_started", "rank_started", "forget_attempt"]

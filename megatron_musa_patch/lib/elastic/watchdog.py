@@ -29,8 +29,8 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Optional, TextIO
 
-#: first line of a rank's report file; the stack follows when the deadline passes
-HEADER = "mmp-watchdog rank={rank} pid={pid} timeout={timeout:g} where={where}\n"
+from . import reports
+
 #: the first training step compiles and warms up: it does not set later steps' deadlines
 WARM_UP_KIND = "step"
 
@@ -73,7 +73,7 @@ class Watchdog:
     def for_rank(cls, deadlines: Deadlines, rank: int, report_dir: Optional[str]) -> "Watchdog":
         report = None
         if report_dir:
-            report = open(os.path.join(report_dir, f"rank{rank}.txt"), "w", encoding="utf-8")
+            report = open(reports.report_file(report_dir, rank), "w", encoding="utf-8")
             # after the header of the deadline armed last; chain: SIGTERM still ends the rank
             faulthandler.register(signal.SIGTERM, file=report, all_threads=True, chain=True)
         return cls(deadlines, rank, report)
@@ -81,8 +81,7 @@ class Watchdog:
     def arm(self, seconds: float, where: str) -> None:
         if self.report is not None:
             self.report.seek(0)
-            self.report.write(HEADER.format(rank=self.rank, pid=os.getpid(), timeout=seconds,
-                                            where=where))
+            self.report.write(reports.header(self.rank, os.getpid(), seconds, where))
             self.report.truncate()
             self.report.flush()
             faulthandler.dump_traceback_later(seconds, exit=True, file=self.report)

@@ -47,11 +47,10 @@ def sliding_window_mask(sq: int, sk: int, window, device=None) -> torch.Tensor:
 
 
 #: On CPU, SDPA's flash kernel computes 16-bit inputs through fp32 blocks, while upstream's unfused
-#: path runs bf16 GEMMs: for short sequences the unfused path is as fast or faster (measured with
-#: benchmarks/bench_attention.py, hidden 1024, 16 heads, fwd+bwd, one thread: bf16 seq 256
-#: 8-16 ms unfused vs 11-15 ms SDPA, seq 512 25-57 vs 37-41, seq 768 147-165 vs 55-59). Below
-#: this many query x key positions, 16-bit attention on CPU keeps upstream's path; fp32 always
-#: takes SDPA (1.2-1.7x faster already at seq 256-512).
+#: path runs bf16 GEMMs: for short sequences the unfused path is as fast or faster
+#: (benchmarks/bench_attention.py; the figures are in docs/benchmarks.md, fused ops). Below this
+#: many query x key positions, 16-bit attention on CPU keeps upstream's path; fp32 always takes
+#: SDPA (faster already at seq 256).
 CPU_16BIT_MIN_POSITIONS = 640 * 640
 
 

@@ -14,11 +14,6 @@ from . import kernels as _kernels
 from . import policy
 from .policy import Policy, configure  # noqa: F401 - activation configures the ops here
 
-#: MEGATRON_MUSA_PATCH_OPS=auto (default: kernels where available, else the measured choice),
-#: eager | compile (every op's torch formula, op by op or compiled), native (norms: torch's own
-#: F.rms_norm / F.layer_norm); any value but auto leaves the kernels unused
-FORCE_ENV = "MEGATRON_MUSA_PATCH_OPS"
-
 
 #: Element counts below which the CPU runs the op unfused, as upstream's --no-* path does: a
 #: compiled call costs ~40 us of guards and launch, more than it saves on a small tensor.
@@ -82,5 +77,5 @@ def _cached_kernel(op_name: str, device_type: str) -> Optional[Callable]:
 def compiled(fn: Callable) -> Callable:
     """``torch.compile(fn)`` made lazily on first call, with the layer's one fallback policy
     (``compiling``). Shapes: torch's default -- static first, dynamic after a second shape
-    (measured: static kernels ran up to 2x faster than ``dynamic=True`` ones on CPU)."""
+    (static kernels ran faster than ``dynamic=True`` ones on CPU: docs/benchmarks.md)."""
     return compiling.compile_with_fallback(fn)

@@ -12,11 +12,10 @@ into ``main_grad`` (``main_grad += dY^T X``), as Apex's ``fused_weight_gradient_
   added (``main_grad[rows] += dY[:, rows]^T X``): the unfused path's numbers exactly (the
   gradient rounded to bf16 before the fp32 add), at the narrow GEMM's speed.
 
-Measured (shared 2-core AMD EPYC, 1 thread, 4096 tokens, 1024 -> 1024, CPU time, median of 4):
-bf16 -> fp32: unfused ``mm`` + ``add_`` 24.6 ms, ``fp32`` 97.4 ms, ``rows`` 22.5 ms (and
-bitwise equal to unfused) -> the CPU uses ``rows``; other devices ``fp32`` (Apex's numbers).
-fp32: ``addmm_`` as fast as ``mm`` + ``add_`` (``benchmarks/bench_ops.py``), without the
-weight-sized temporary.
+Measured (``benchmarks/bench_ops.py``; the figures are in docs/benchmarks.md, fused ops): bf16
+-> fp32 ``rows`` is as fast as the unfused ``mm`` + ``add_`` (and bitwise equal to it), ``fp32``
+several times slower -> the CPU uses ``rows``; other devices ``fp32`` (Apex's numbers). fp32:
+``addmm_`` as fast as ``mm`` + ``add_``, without the weight-sized temporary.
 """
 
 from __future__ import annotations

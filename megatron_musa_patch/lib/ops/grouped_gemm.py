@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from . import policy
 
 #: implementation per device type, by measurement (benchmarks/bench_attention.py, grouped GEMM
-#: table): on CPU (torch 2.13, forward + backward) grouped_mm gives the loop's numbers bit for bit
-#: and is 1.1-1.8x faster. CUDA: torch's kernel where the GPU and dtype have one (else the loop,
+#: table in docs/benchmarks.md): on CPU grouped_mm gives the loop's numbers bit for bit and is
+#: faster. CUDA: torch's kernel where the GPU and dtype have one (else the loop,
 #: see _unsupported); not measured here. MUSA: no grouped_mm known in torch_musa: the loop.
 PREFERRED: Dict[str, str] = {"cpu": "grouped_mm", "cuda": "grouped_mm", "musa": "loop"}
 

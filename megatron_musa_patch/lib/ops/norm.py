@@ -10,14 +10,12 @@ Implementations:
 * ``native`` -- ``F.rms_norm`` / ``F.layer_norm`` (what ``torch.nn.RMSNorm`` / ``LayerNorm`` run,
   i.e. upstream's ``--no-persist-layer-norm`` path).
 
-Measured choice (``benchmarks/bench_ops.py``: AMD EPYC, 1 torch thread, [4096, 1024], this
-thread's CPU time, median of 3, on a shared 2-core machine -- read the ratios, not the times):
+Measured choice (``benchmarks/bench_ops.py``; the figures are in docs/benchmarks.md, fused ops):
 
-* RMSNorm fwd+bwd: native 43.7 ms fp32 / 21.4 ms bf16, ``compile`` 9.0 / 3.1 ms (4.9x / 6.8x)
-  -> the CPU uses ``compile`` (torch's CPU ``rms_norm`` is a composite: several kernels forward,
-  autograd through each of them backward).
-* LayerNorm fwd+bwd: native 4.7 ms fp32 / 4.7 ms bf16 (one ATen kernel each way), a compiled
-  formula 9.3 / 4.4 ms -> the CPU uses ``native`` (also bit-identical to upstream's torch norm).
+* RMSNorm: the CPU uses ``compile`` (torch's CPU ``rms_norm`` is a composite: several kernels
+  forward, autograd through each of them backward).
+* LayerNorm: the CPU uses ``native``, one ATen kernel each way (also bit-identical to upstream's
+  torch norm).
 
 Statistics are computed in fp32 for every input dtype; outputs have the input's dtype.
 """

@@ -11,9 +11,8 @@ unfused path computes it, so the eager implementation is bit-identical to it; th
 Implementations: ``kernel`` (``rope_fwd/bwd`` from ``ops.kernels`` on a GPU), ``compile``
 (formulas ``torch.compile``d), ``eager``.
 
-Measured choice (``benchmarks/bench_ops.py``: AMD EPYC, 1 torch thread, [s=2048, b=2, h=8,
-d=128], CPU time, median of 3, shared 2-core machine): fwd+bwd, upstream's unfused formula with
-autograd 21.0 ms fp32 / 8.7 ms bf16, ``compile`` 7.8 / 5.0 ms (2.7x / 1.7x) -> the CPU uses
+Measured choice (``benchmarks/bench_ops.py``; the figures are in docs/benchmarks.md, fused ops):
+the compiled formulas beat upstream's unfused formula with autograd -> the CPU uses
 ``compile``.
 """
 

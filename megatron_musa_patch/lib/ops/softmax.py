@@ -7,10 +7,9 @@ zeroes the upper triangle), probabilities out in the input dtype. Like those ker
 
 Implementations: ``compile`` (formulas ``torch.compile``d), ``eager``. No csrc kernel.
 
-Measured choice (``benchmarks/bench_ops.py``: AMD EPYC, 1 torch thread, causal [2, 8, 1024,
-1024] bf16, CPU time, median of 3, shared 2-core machine): upstream's torch fallback 155.8 ms
-forward / 321.1 ms fwd+bwd, ``compile`` 73.0 / 96.5 ms (2.1x / 3.3x; it keeps bf16
-probabilities for backward, the fallback fp32 ones) -> the CPU uses ``compile``.
+Measured choice (``benchmarks/bench_ops.py``; the figures are in docs/benchmarks.md, fused ops):
+the compiled formulas beat upstream's torch fallback (they keep bf16 probabilities for
+backward, the fallback fp32 ones) -> the CPU uses ``compile``.
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ Implementations: ``kernel`` (``swiglu_fwd/bwd`` from ``ops.kernels`` on a GPU), 
 (the formulas below, ``torch.compile``d: one loop each way, fp32 inside), ``eager`` (the same
 formulas op by op, in the input dtype like upstream's ``BiasSwiGLUFunction``).
 
-Measured choice (``benchmarks/bench_ops.py``: AMD EPYC, 1 torch thread, [4096, 2 x 2048], CPU
-time, median of 3, shared 2-core machine): fwd+bwd, upstream's unfused ``silu(x1) * x2`` with
-autograd 130.9 ms fp32 / 31.8 ms bf16, ``compile`` 65.0 / 13.3 ms (2.0x / 2.4x; the same as
-``torch.compile`` of the unfused formula) -> the CPU uses ``compile``.
+Measured choice (``benchmarks/bench_ops.py``; the figures are in docs/benchmarks.md, fused ops):
+the compiled formula beats upstream's unfused ``silu(x1) * x2`` with autograd (as
+``torch.compile`` of the unfused formula does) -> the CPU uses ``compile``.
 """
 
 from __future__ import annotations
