@@ -54,7 +54,7 @@ def pth_hook() -> None:
     """Activate in this process when MEGATRON_MUSA_PATCH is set. A launcher's agent does not
     activate (its workers activate themselves): torchrun's is left alone, dlrover-run's and
     nvidia-resiliency-ext's ft_launcher get what ``mmp run`` gives torchrun
-    (the launcher's records, ``activation.activate_launcher_on_import``), and dlrover's standalone
+    (the launcher's records, ``activation.launcher``), and dlrover's standalone
     master is left alone. multiprocessing's
     helper processes activate when they first import torch or megatron (_ActivateOnFirstImport)."""
     if not wanted() or _started_as(TORCHRUN) or _started_as(DLROVER_MASTER):
@@ -90,7 +90,7 @@ def _hook() -> None:
     for names, launcher in ((DLROVER_RUN, "dlrover-run"), (FT_LAUNCHER, "ft_launcher")):
         if _started_as(names):
             with _not_activating():
-                from megatron_musa_patch.activation import activate_launcher_on_import
+                from megatron_musa_patch.activation.launcher import activate_launcher_on_import
             activate_launcher_on_import(launcher)
             return
     _activate()

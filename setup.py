@@ -109,7 +109,7 @@ def read(name):
 
 setup(
     name="megatron-musa-patch",
-    version=_load_by_path("megatron_musa_patch", "core", "version.py").__version__,
+    version=_load_by_path("megatron_musa_patch", "base", "version.py").__version__,
     description="Patch layer that runs stock Megatron-LM / megatron-core on MUSA, CPU and CUDA",
     long_description=read("README.md"),
     long_description_content_type="text/markdown",

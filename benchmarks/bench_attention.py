@@ -142,7 +142,7 @@ def attention_cases(opts, seq, dtype):
     mask = torch.ones(1, 1, seq, seq, dtype=torch.bool, device="cuda").triu(1)
     grad = torch.randn(seq, opts.batch, opts.hidden, device="cuda", dtype=dtype)
 
-    from megatron_musa_patch.features.flash_attention import run_core_attention
+    from megatron_musa_patch.features.fused_ops.flash_attention import run_core_attention
 
     def step(sdpa):
         def run():

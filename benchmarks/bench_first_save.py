@@ -1,5 +1,5 @@
 """The first torch_dist checkpoint save of the stock pretrain_gpt.py, with the feature
-``forked_write_queue`` (as shipped: the writer's results manager forked before the process
+``startup.forked_write_queue`` (as shipped: the writer's results manager forked before the process
 groups) against without it (upstream's manager, spawned at the first save:
 ``MEGATRON_MUSA_PATCH_DISABLE=forked_write_queue``), side by side in one run.
 
@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from tools.machine import describe  # noqa: E402
 from tests.harness.stock import run_stock  # noqa: E402
 
-VARIANTS = {"forked_write_queue (shipped)": "", "without it (upstream)": "forked_write_queue"}
+VARIANTS = {"forked_write_queue (shipped)": "",
+            "without it (upstream)": "startup.forked_write_queue"}
 STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\]"
 SAVING = re.compile(STAMP + r" saving checkpoint at iteration +(\d+)")
 SAVED = re.compile(STAMP + r" successfully saved checkpoint from iteration +(\d+)")

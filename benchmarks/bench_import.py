@@ -1,6 +1,6 @@
-"""``import megatron.core`` in a fresh process with the layer active, with the ``lazy_compile``
-feature (as shipped) against without it (upstream's import,
-``MEGATRON_MUSA_PATCH_DISABLE=lazy_compile``), side by side in one run: what every rank, data
+"""``import megatron.core`` in a fresh process with the layer active, with the
+``startup.lazy_compile`` feature (as shipped) against without it (upstream's import,
+``MEGATRON_MUSA_PATCH_DISABLE=startup.lazy_compile``), side by side in one run: what every rank, data
 worker and checkpoint worker pays before it does anything. Runs alternate between the two so
 machine drift hits both; each figure is the median wall time, with the process's CPU time.
 
@@ -22,7 +22,7 @@ from tools.machine import describe  # noqa: E402
 
 #: what reaches moe/router.py (megatron.training would add the same to both variants)
 IMPORT = "import megatron.core"
-VARIANTS = {"lazy_compile (shipped)": "", "without it (upstream's import)": "lazy_compile"}
+VARIANTS = {"lazy_compile (shipped)": "", "without it (upstream's import)": "startup.lazy_compile"}
 
 
 def once(disable: str) -> tuple:

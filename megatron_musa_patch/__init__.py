@@ -9,9 +9,9 @@ Public API: :func:`activate`, :func:`active_session`, :func:`report`, :func:`dea
 import sys as _sys
 
 from .activation import activate, active_session, deactivate, is_active  # noqa: F401
-from .core.errors import MegatronMusaPatchError  # noqa: F401
+from .base.errors import MegatronMusaPatchError  # noqa: F401
 from .core.settings import autoactivate as _autoactivate
-from .core.version import __version__  # noqa: F401
+from .base.version import __version__  # noqa: F401
 
 __all__ = ["activate", "active_session", "deactivate", "is_active", "report",
            "MegatronMusaPatchError", "__version__"]

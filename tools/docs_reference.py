@@ -236,7 +236,7 @@ def feature_docs() -> tuple:
     them for its flag checks."""
     from megatron_musa_patch.core.plugins import make_manager, toggles
     from megatron_musa_patch.core.registry import Registry
-    from megatron_musa_patch.core.session import Session
+    from megatron_musa_patch.activation.session import Session
     from megatron_musa_patch.core.settings import Settings
     from megatron_musa_patch.core.toggles import groups
     from megatron_musa_patch.device.rows import ROWS
@@ -325,6 +325,12 @@ def feature_page(doc: FeatureDoc, known) -> str:
     else:
         switch = f"`MEGATRON_MUSA_PATCH_DISABLE={doc.name}` switches {what} off"
     lines.append(f"| switch off | {switch} |")
+    if d is not None and d.aliases:
+        lines.append(f"| earlier name | {', '.join(f'`{a}`' for a in d.aliases)}: toggles still "
+                     f"take it |")
+    if d is not None and d.kept_out:
+        lines.append(f"| not switched by | {', '.join(f'`{g}`' for g in d.kept_out)}: the group "
+                     f"name keeps meaning the features it named before this one joined |")
     if doc.module:
         lines.append(f"| code | `{doc.module}` |")
     tests = _tests_of(doc.name)

@@ -213,7 +213,7 @@ def main(argv=None):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from megatron_musa_patch import active_session
-    from megatron_musa_patch.features.throughput import throughput_fields
+    from megatron_musa_patch.features.logs.throughput import throughput_fields
     from megatron_musa_patch.lib.metrics.peak_flops import lookup, measure_matmul
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -9,25 +9,24 @@ patch each module as it loads (and ``from x import f`` in later modules sees the
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.abc
 import logging
 import os
 import site
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
-from .core import settings as settings_module
-from .device import torchada_import
-from .core.errors import (ActivationOrderError, DeviceSelectionError,
+from ..core import settings as settings_module
+from ..device import torchada_import
+from ..base.errors import (ActivationOrderError, DeviceSelectionError,
                           MegatronMusaPatchError)
-from .core.session import Session
-from .upstream import check as release_check, installed, tables
+from .session import Session
+from ..upstream import check as release_check, installed, tables
 
 logger = logging.getLogger("megatron_musa_patch")
 
-LATE_ENV = "MEGATRON_MUSA_PATCH_ALLOW_LATE"
+LATE_ENV = settings_module.ALLOW_LATE_ENV
 
 _SESSION: Optional[Session] = None
 
@@ -73,13 +72,13 @@ def activate(settings: Optional[settings_module.Settings] = None,
 
     unverified_torch = release_check.check_torch(settings.allow_unverified)
 
-    from .core import plugins
-    from .device import adapter
-    from .device.rows import ROWS
-    from .device.select import BuiltinDeviceChoice, mapping
-    from .features import BUILTIN
-    from .lib.ops import dispatch
-    from .core.registry import Registry
+    from ..core import plugins
+    from ..device import adapter
+    from ..device.rows import ROWS
+    from ..device.select import BuiltinDeviceChoice, mapping
+    from ..features import BUILTIN
+    from ..lib.ops import dispatch
+    from ..core.registry import Registry
 
     pm = plugins.make_manager(settings, BUILTIN, device_choice=BuiltinDeviceChoice())
     name = pm.hook.mmp_select_device(requested=settings.device, settings=settings)
@@ -127,80 +126,9 @@ def deactivate() -> None:
     if _SESSION is not None:
         _SESSION.registry.unpatch()
         _SESSION = None
-        from .lib.ops import dispatch
+        from ..lib.ops import dispatch
 
         dispatch.configure(dispatch.Policy())
-
-
-# ----------------------------------------------------------------------------- launcher side
-#: the launcher-side records' state in this process (``mmp run``, or a launcher's agent)
-_LAUNCHER: Optional["LauncherSide"] = None
-#: where the launcher's records are applied, as doctor says it
-LAUNCHER_PROCESSES = ("by the launcher (mmp run; dlrover-run or ft_launcher with "
-                      "MEGATRON_MUSA_PATCH=1), not in the ranks")
-
-
-@dataclasses.dataclass
-class LauncherSide:
-    """The records a launcher's process applies (``mmp_register_launcher_patches``) and the
-    state they read."""
-
-    registry: Any
-    supervision: Any
-
-
-def launcher_side(settings: Optional[settings_module.Settings] = None) -> LauncherSide:
-    """The launcher's records, registered and gated by the same toggles and releases as the
-    ranks', not applied (``mmp doctor`` previews them)."""
-    settings = settings or settings_module.from_env()
-    from .core import plugins
-    from .core.registry import Registry
-    from .features import BUILTIN
-    from .lib.elastic.supervision import Supervision
-
-    pm = plugins.make_manager(settings, BUILTIN)
-    registry = Registry("launcher", plugins.toggles(pm, settings),
-                        allow_unverified=settings.allow_unverified,
-                        torch_version=installed.torch_version())
-    supervision = Supervision()
-    pm.hook.mmp_register_launcher_patches(registry=registry, supervision=supervision)
-    return LauncherSide(registry, supervision)
-
-
-def activate_launcher(settings: Optional[settings_module.Settings] = None) -> LauncherSide:
-    """Apply the launcher's records in this process (idempotent): ``mmp run`` before torchrun,
-    the start-up hook in dlrover-run's or ft_launcher's agent. A strict record's failure undoes
-    the rest and raises."""
-    global _LAUNCHER
-    if _LAUNCHER is None:
-        side = launcher_side(settings)
-        try:
-            side.registry.activate()
-        except BaseException:
-            side.registry.unpatch()
-            raise
-        _LAUNCHER = side
-    return _LAUNCHER
-
-
-def activate_launcher_on_import(launcher: str) -> None:
-    """In the agent of ``launcher`` (dlrover-run, ft_launcher) started with MEGATRON_MUSA_PATCH=1
-    (the start-up hook; the workers it starts activate the layer themselves): the launcher's
-    records, from when the launcher's module is imported (nothing heavier at start-up)."""
-    import wrapt
-
-    from .lib.elastic.launchers import LAUNCHERS
-
-    wrapt.register_post_import_hook(lambda module: activate_launcher(),
-                                    LAUNCHERS[launcher].module)
-
-
-def deactivate_launcher() -> None:
-    """Undo the launcher's records (the end of ``mmp run``, tests)."""
-    global _LAUNCHER
-    if _LAUNCHER is not None:
-        _LAUNCHER.registry.unpatch()
-        _LAUNCHER = None
 
 
 def imported_megatron_modules() -> List[str]:
@@ -324,7 +252,7 @@ def _report_error(exc: BaseException) -> None:
     rank = os.environ.get("RANK")
     if _SESSION is None or rank is None or not rank.isdigit():
         return
-    from .lib.elastic import reports
+    from ..lib.elastic import reports
 
     reports.write_error(_SESSION.settings.watchdog_dir, int(rank), exc)
 

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from .flag_needs import unavailable_error
-from .settings import Settings
+from ..core.flag_needs import unavailable_error
+from ..core.settings import Settings
 from megatron_musa_patch.upstream import installed
 
 
@@ -98,8 +98,8 @@ class Session:
             return
         self.table_logged = True
         if self.is_rank_zero():
-            from .results import FAILED
-            from .table import render_table, summary
+            from ..core.results import FAILED
+            from ..core.table import render_table, summary
 
             failed = any(r.status == FAILED for r in self.registry.results())
             if self.settings.log == "full" or failed:

@@ -31,6 +31,8 @@ import time
 import warnings
 from typing import List, Optional
 
+from megatron_musa_patch.base.env_names import ACTIVATE_ENV, AUTOACTIVATE_ENV, WATCHDOG_DIR_ENV
+
 from .megatron_entry import Verdict, entry_call
 
 #: the check's own limit: it never holds a job longer than this
@@ -102,7 +104,7 @@ def _rank_zero_env(ranks: int, local_ranks: int) -> dict:
 
 #: what the check must not inherit: it activates itself (a refusal caught, not printed), and it
 #: leaves nothing in the launcher's report directory (it is no rank)
-_NOT_INHERITED = ("MEGATRON_MUSA_PATCH", "MEGATRON_MUSA_PATCH_WATCHDOG_DIR")
+_NOT_INHERITED = (ACTIVATE_ENV, WATCHDOG_DIR_ENV)
 
 
 def _forked(script: str, script_args: List[str], ranks: int, local_ranks: int) -> Verdict:
@@ -192,7 +194,7 @@ def _quiet_child() -> None:
 def _spawned(script: str, script_args: List[str], ranks: int, local_ranks: int) -> Verdict:
     env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     # the package's import would activate, and print a refusal instead of handing it over
-    env["MEGATRON_MUSA_PATCH_AUTOACTIVATE"] = "0"
+    env[AUTOACTIVATE_ENV] = "0"
     env.update(_rank_zero_env(ranks, local_ranks), PYTHONWARNINGS="ignore")
     begin = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mmp-args-check-") as tmp:

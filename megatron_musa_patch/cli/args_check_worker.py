@@ -30,7 +30,7 @@ import traceback
 
 from megatron_musa_patch.cli.megatron_entry import KEYS, Verdict, called_name, entry_call, \
     is_main_guard
-from megatron_musa_patch.core.errors import MegatronMusaPatchError
+from megatron_musa_patch.base.errors import MegatronMusaPatchError
 
 PROG = "mmp run"
 #: how Megatron's parse_args and validate_args refuse arguments (its assertions, and a help

@@ -4,7 +4,7 @@ Takes torchrun's own options (``--nproc-per-node``, ``--nnodes``, ``--rdzv-*``, 
 ``--node-rank`` ...), parsed by torchrun's parser, so multi-node launches work unchanged.
 
 When a rank dies, torchrun stops the others; a rank that hangs ends itself within
-``--hang-timeout`` (the ``hang_watchdog`` feature). With ``--max-restarts N`` torchrun then
+``--hang-timeout`` (the ``reliability.hang_watchdog`` feature). With ``--max-restarts N`` torchrun then
 restarts the group, which resumes from the latest checkpoint when the script has ``--load``.
 The launcher's side of the job -- who failed where before each restart and at the end, a fresh
 store per attempt -- is ``lib/elastic/supervision.py`` with the launcher's records
@@ -17,7 +17,7 @@ import os
 import sys
 from typing import List, Optional
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.settings import ACTIVATE_ENV
 from megatron_musa_patch.lib.elastic.supervision import supervised
 from megatron_musa_patch.lib.heartbeat import Heartbeat, say
@@ -67,15 +67,15 @@ def run(argv: List[str]) -> int:
             args.training_script_args = [mode, args.training_script, *args.training_script_args]
             args.training_script = "megatron_musa_patch.cli.run_worker"
             args.module = True
-        from megatron_musa_patch import activation
+        from megatron_musa_patch.activation import launcher as launcher_side
 
-        launcher = activation.activate_launcher()
+        launcher = launcher_side.activate_launcher()
         try:
             with supervised(launcher.supervision, script_args, args.max_restarts,
                             heartbeat=heartbeat):
                 torchrun(args)
         finally:
-            activation.deactivate_launcher()
+            launcher_side.deactivate_launcher()
     except ChildFailedError:
         return 1
     finally:

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import List, Optional
 
-from megatron_musa_patch.core.errors import MegatronMusaPatchError
+from megatron_musa_patch.base.errors import MegatronMusaPatchError
 
 USAGE = """mmp <command> [options]       (mmp --version: this package's release)
 
@@ -35,7 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command in ("--version", "-V", "version"):
-        from megatron_musa_patch.core.version import __version__
+        from megatron_musa_patch.base.version import __version__
 
         print(f"mmp (megatron-musa-patch) {__version__}")
         return 0
@@ -135,8 +135,10 @@ def _doctor(command: str, rest: List[str]) -> int:
     state = activation.activate()
     if not opts.no_import:
         _import_targets(state)
-    launcher = activation.launcher_side(state.settings).registry
-    launcher.preview(activation.LAUNCHER_PROCESSES)
+    from megatron_musa_patch.activation.launcher import LAUNCHER_PROCESSES, launcher_side
+
+    launcher = launcher_side(state.settings).registry
+    launcher.preview(LAUNCHER_PROCESSES)
     launcher_rows = launcher.results()
     if opts.resolve_all:
         resolved = table.resolutions(state.registry) + table.resolutions(launcher)

@@ -22,6 +22,7 @@ import tempfile
 from typing import Dict, List
 
 from megatron_musa_patch.core import settings
+from megatron_musa_patch.base.env_names import AUTOACTIVATE_ENV
 from megatron_musa_patch.lib.heartbeat import Heartbeat, say
 
 #: layout name -> worker flags; each runs on 2 ranks
@@ -84,7 +85,7 @@ def _run_worker(nproc: int, flags: List[str], out: str, workdir: str, timeout: f
            f"--nproc-per-node={nproc}", "-m", "megatron_musa_patch.cli.selftest_worker",
            *flags, "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env.pop("MEGATRON_MUSA_PATCH_AUTOACTIVATE", None)
+    env.pop(AUTOACTIVATE_ENV, None)
     # a session of its own, so a hang can be ended with every rank it started
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -10,7 +10,8 @@ Order: pluggy calls the last-registered plugin's hooks first, so a feature regis
 another has its hooks called before the other's, and its patches registered and applied first:
 where both wrap one upstream function, its wrapper ends up *inside* the other's. ``after`` names
 the features it must follow (a name that is only a group's: all of its features);
-:func:`ordered` is the registration order of the built-in features. External plugins are
+:func:`ordered` is the registration order of the built-in features, by name otherwise (a
+feature's first name, for one that moved). External plugins are
 registered after all of them (their wrappers sit innermost); pluggy's ``tryfirst`` /
 ``trylast`` order their hooks.
 """
@@ -21,7 +22,7 @@ import dataclasses
 import heapq
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import PluginError
+from megatron_musa_patch.base.errors import PluginError
 from .records import VERIFIED, Patch, patches_at
 
 FEATURES_PACKAGE = "megatron_musa_patch.features"
@@ -39,6 +40,9 @@ class Feature:
     after: Tuple[str, ...] = ()
     #: earlier names of this feature, which toggles still take (a feature that moved)
     aliases: Tuple[str, ...] = ()
+    #: groups that do not switch this feature: it joined them after their name was in use, and
+    #: a name keeps meaning what it meant (``fused_ops`` is the five fusions it always was)
+    kept_out: Tuple[str, ...] = ()
     #: a feature of this package (``feature()``): its records were verified with the layer
     builtin: bool = dataclasses.field(default=False, compare=False)
 
@@ -62,14 +66,14 @@ class Feature:
 
 def feature(module_name: str, description: str, *, required: bool = False,
             flag_needs: Sequence[Any] = (), after: Sequence[str] = (),
-            aliases: Sequence[str] = ()) -> Feature:
+            aliases: Sequence[str] = (), kept_out: Sequence[str] = ()) -> Feature:
     """The declaration of the built-in feature defined by module ``module_name``."""
     prefix = FEATURES_PACKAGE + "."
     if not module_name.startswith(prefix):
         raise PluginError(f"feature() is for modules under {FEATURES_PACKAGE} ({module_name} is "
                           f"not one); an external plugin declares Feature('name', ...).")
     return Feature(module_name[len(prefix):], description, required, tuple(flag_needs),
-                   tuple(after), tuple(aliases), builtin=True)
+                   tuple(after), tuple(aliases), tuple(kept_out), builtin=True)
 
 
 def declaration(plugin: Any) -> Optional[Feature]:
@@ -105,17 +109,19 @@ def ordered(plugins: Iterable[Any]) -> List[Any]:
                 raise PluginError(f"feature '{name}' is declared after '{wanted}', which names no "
                                   f"feature; fix the name in its feature(..., after=...).")
             preds[name].update(matched)
-    ready = [n for n, p in preds.items() if not p]
+    # by the first name a feature had: moving it to another group does not reorder its hooks
+    key = {name: (d.aliases[0] if d.aliases else name, name) for name, d in decl.items()}
+    ready = [key[n] for n, p in preds.items() if not p]
     heapq.heapify(ready)
     order: List[str] = []
     while ready:
-        name = heapq.heappop(ready)
+        _, name = heapq.heappop(ready)
         order.append(name)
         for other, p in preds.items():
             if name in p:
                 p.discard(name)
                 if not p:
-                    heapq.heappush(ready, other)
+                    heapq.heappush(ready, key[other])
     if len(order) != len(by_name):
         stuck = sorted(set(by_name) - set(order))
         raise PluginError(f"features {', '.join(stuck)} are ordered after each other (a cycle in "

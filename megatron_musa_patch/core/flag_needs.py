@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, FrozenSet, Optional
 
-from .errors import FeatureUnavailableError
+from megatron_musa_patch.base.errors import FeatureUnavailableError
 
 
 def _given(dest: str, default: Any = None):

@@ -3,7 +3,7 @@
 Built-in features and external plugins (entry-point group ``megatron_musa_patch``) implement
 these hooks with ``@hookimpl``; a plugin implements only the hooks it needs, and each
 implementation takes only the arguments it needs (pluggy passes them by name). Every hook gets
-``session`` (``megatron_musa_patch.core.session.Session``): the settings, the device, the registry,
+``session`` (``megatron_musa_patch.activation.session.Session``): the settings, the device, the registry,
 the plugin manager and per-run state, as pytest hands ``config`` to its hooks. A plugin binds the
 session into the patches it registers (``functools.partial``) rather than looking it up later.
 

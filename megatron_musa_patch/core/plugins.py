@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, Optional
 
 import pluggy
 
 from . import hookspecs
-from .errors import ArgumentError, PluginError
+from megatron_musa_patch.base.errors import ArgumentError, PluginError
 from .feature import declaration
 from .settings import Settings
 from .toggles import Toggles, decide
@@ -79,12 +79,10 @@ def feature_plugins(pm: pluggy.PluginManager) -> Dict[str, object]:
             if name != DEVICE_CHOICE and plugin is not None}
 
 
-def feature_names(pm: pluggy.PluginManager) -> List[str]:
-    return list(feature_plugins(pm))
-
-
 def toggles(pm: pluggy.PluginManager, settings: Settings) -> Toggles:
     """The switched-off features; unknown names are an error (a typo would be silent)."""
     declared = {name: declaration(plugin) for name, plugin in feature_plugins(pm).items()}
     required = {name: bool(d and d.required) for name, d in declared.items()}
-    return decide(required, settings.disable, settings.only)
+    return decide(required, settings.disable, settings.only,
+                  aliases={name: d.aliases for name, d in declared.items() if d},
+                  kept_out={name: d.kept_out for name, d in declared.items() if d})

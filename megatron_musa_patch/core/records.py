@@ -21,7 +21,7 @@ import dataclasses
 import enum
 from typing import Any, Callable, Optional, Tuple, Union
 
-from .errors import PluginError
+from megatron_musa_patch.base.errors import PluginError
 from megatron_musa_patch.upstream import tables, targets
 from megatron_musa_patch.upstream.ranges import Range, completed
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import wrapt
 
-from .errors import PatchError
+from megatron_musa_patch.base.errors import PatchError
 from .gate import Gate
 from .records import Kind, Patch, RecordError, overlap
 from .results import APPLIED, DEFERRED, FAILED, IN_EFFECT, SKIPPED, UNVERIFIED, PatchResult

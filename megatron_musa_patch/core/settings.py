@@ -23,19 +23,12 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
 
-from .errors import SettingsError
+from megatron_musa_patch.base.errors import SettingsError
 
-PREFIX = "MEGATRON_MUSA_PATCH"
-#: the names other modules set or name in messages (each variable is described in VARIABLES)
-ACTIVATE_ENV = PREFIX
-AUTOACTIVATE_ENV = f"{PREFIX}_AUTOACTIVATE"
-DEVICE_ENV = f"{PREFIX}_DEVICE"
-DISABLE_ENV = f"{PREFIX}_DISABLE"
-ALLOW_UNVERIFIED_ENV = f"{PREFIX}_ALLOW_UNVERIFIED"
-TORCHADA_ENV = f"{PREFIX}_TORCHADA"
-LOG_ENV = f"{PREFIX}_LOG"
-ARGS_CHECK_ENV = f"{PREFIX}_ARGS_CHECK"
-WATCHDOG_DIR_ENV = f"{PREFIX}_WATCHDOG_DIR"
+# the names, for the modules that import them from here
+from megatron_musa_patch.base.env_names import (  # noqa: F401
+    ACTIVATE_ENV, ALLOW_LATE_ENV, ALLOW_UNVERIFIED_ENV, ARGS_CHECK_ENV, AUTOACTIVATE_ENV,
+    DEVICE_ENV, DISABLE_ENV, LOG_ENV, PREFIX, TORCHADA_ENV, WATCHDOG_DIR_ENV)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -66,7 +59,7 @@ VARIABLES = (
              "plugin modules to register by import name (development, tests)"),
     Variable(f"{PREFIX}_BLOCK_PLUGINS", (), "",
              "installed external plugins not to load, by name"),
-    Variable(f"{PREFIX}_ALLOW_LATE", _TRUE + _FALSE, "0",
+    Variable(ALLOW_LATE_ENV, _TRUE + _FALSE, "0",
              "1: activate even after Megatron was imported (copies are rebound where found)"),
     Variable(ALLOW_UNVERIFIED_ENV, _TRUE + _FALSE, "0",
              "1: apply patches on a Megatron release they were not verified on"),
@@ -201,7 +194,7 @@ def _flag(environ, name) -> bool:
 def autoactivate(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether ``import megatron_musa_patch`` activates (``MEGATRON_MUSA_PATCH_AUTOACTIVATE``,
     every spelling the other switches take); the only reader of the variable."""
-    return _flag(os.environ if environ is None else environ, f"{PREFIX}_AUTOACTIVATE")
+    return _flag(os.environ if environ is None else environ, AUTOACTIVATE_ENV)
 
 
 def _check_names(environ: Mapping[str, str]) -> None:
@@ -231,7 +224,7 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
         only=only,
         plugins=_list(environ.get(f"{PREFIX}_PLUGINS", "")),
         block_plugins=_list(environ.get(f"{PREFIX}_BLOCK_PLUGINS", "")),
-        allow_late=_flag(environ, f"{PREFIX}_ALLOW_LATE"),
+        allow_late=_flag(environ, ALLOW_LATE_ENV),
         allow_unverified=_flag(environ, ALLOW_UNVERIFIED_ENV),
         jit=_value(environ, f"{PREFIX}_JIT"),
         ops=_value(environ, f"{PREFIX}_OPS"),

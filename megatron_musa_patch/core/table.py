@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import sys
 from typing import List
 
 from .results import APPLIED, DEFERRED, FAILED, IN_EFFECT, SKIPPED, UNVERIFIED, PatchResult
@@ -110,7 +112,9 @@ def resolutions(registry) -> List[dict]:
     out = []
     for patch in registry.patches():
         verdict, why = registry.verdict(patch)
-        status, detail = registry.resolve(patch)
+        # what an imported module prints (dlrover says torch_musa is missing) is not the report's
+        with contextlib.redirect_stdout(sys.stderr):
+            status, detail = registry.resolve(patch)
         out.append({"id": patch.id, "megatron": patch.megatron, "torch": patch.torch or "",
                     "target": patch.target, "feature": patch.feature,
                     "devices": registry.devices_of(patch), "for_this_release": verdict in IN_EFFECT,

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, Iterable, Optional
 
 from megatron_musa_patch.upstream import conditions
-from megatron_musa_patch.core.errors import TorchMappingError
+from megatron_musa_patch.base.errors import TorchMappingError
 from megatron_musa_patch.core.settings import PREFIX, TORCHADA_PLATFORM_ENV
 from .torchada_import import (EXTRA, MODULE, SWITCH, TESTED_VERSION, import_now, would_map_musa)
 from megatron_musa_patch.upstream import installed

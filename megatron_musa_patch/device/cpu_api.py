@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import torch
 
-from megatron_musa_patch.core.errors import unsupported_stand_in
+from megatron_musa_patch.base.errors import unsupported_stand_in
 
 # index None: the local rank, read when asked (a launcher that forks its ranks from one
 # process sets LOCAL_RANK after the layer is imported)

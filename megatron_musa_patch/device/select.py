@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import importlib
 
-from megatron_musa_patch.core.errors import DeviceSelectionError
+from megatron_musa_patch.base.env_names import DEVICE_ENV
+from megatron_musa_patch.base.errors import DeviceSelectionError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.check import torch_musa_mismatch
 from .base import DeviceMapping
 from .rows import ROWS
 
-ENV = "MEGATRON_MUSA_PATCH_DEVICE"
-CHOICES = ("auto",) + tuple(ROWS)
+ENV = DEVICE_ENV
 
 
 def builtin_select(requested: str) -> str:

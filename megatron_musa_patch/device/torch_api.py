@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
-from megatron_musa_patch.core.errors import unsupported_stand_in
+from megatron_musa_patch.base.errors import unsupported_stand_in
 from . import shapes
 from .base import DeviceMapping, _original_device, cuda_tensor_type_name
 

@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 
 from ..core.feature import Feature, ordered
+from ..core.toggles import names_of
 
 
 def _reraise(name):
@@ -32,6 +33,6 @@ BUILTIN = _discover()
 
 
 def group(name: str) -> tuple:
-    """The built-in features named ``name`` or below it (``fused_ops`` -> its five fusions)."""
-    return tuple(m for m in BUILTIN
-                 if m.FEATURE.name == name or m.FEATURE.name.startswith(name + "."))
+    """The built-in features a toggle ``name`` switches (``fused_ops`` -> its five fusions)."""
+    return tuple(m for m in BUILTIN if name in names_of(m.FEATURE.name, m.FEATURE.aliases,
+                                                       m.FEATURE.kept_out))

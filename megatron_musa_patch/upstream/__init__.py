@@ -9,10 +9,11 @@
 * ``check`` -- the activation checks: a release outside a table, parts that do not belong
   together (a checkout of another release, a torch_musa built on another torch);
 * ``facts`` -- upstream behaviour that changed between releases, as named ranges;
-* ``targets`` -- where each object the layer patches lives, per release range.
+* ``targets`` -- where each object the layer patches lives, per release range;
+* ``checkpoint_files`` -- Megatron's own checkpoint file names (the tracker, ``metadata.json``).
 
-Supporting a new release is one table row plus re-verifying the records that
-``mmp patches --resolve-all --strict`` lists as unverified on it.
+Supporting a new release is one table row; verifying it is the compatibility matrix's run on it
+and moving ``tables.MEGATRON_VERIFIED`` (docs/contributing.md).
 
 Importing the package imports none of them (``setup.py`` loads ``tables`` by path).
 """

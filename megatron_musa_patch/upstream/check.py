@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from megatron_musa_patch.core.errors import MegatronMusaPatchError
+from megatron_musa_patch.base.env_names import ALLOW_UNVERIFIED_ENV, DEVICE_ENV
+from megatron_musa_patch.base.errors import MegatronMusaPatchError
 from . import installed, tables
 from .ranges import newer_than, release, row_of, text
 
-ALLOW = "MEGATRON_MUSA_PATCH_ALLOW_UNVERIFIED=1"
+ALLOW = f"{ALLOW_UNVERIFIED_ENV}=1"
 
 
 class ReleaseMismatchError(MegatronMusaPatchError):
@@ -139,7 +140,7 @@ def torch_musa_mismatch(torch_version, cuda_build: Optional[str],
            f"torch_musa's: pip install --force-reinstall --no-deps <that wheel>), and keep pip "
            f"from moving it again: after the reinstall, put the torch line of `pip freeze` in a "
            f"constraints file and point PIP_CONSTRAINT at it. To run on the CPU instead, set "
-           f"MEGATRON_MUSA_PATCH_DEVICE=cpu.")
+           f"{DEVICE_ENV}=cpu.")
     if cuda_build:
         return (f"torch {torch_version} is a CUDA build (CUDA {cuda_build}), but torch_musa "
                 f"{torch_musa} is installed, which is built on the MUSA SDK's torch {needs}: pip "

@@ -14,7 +14,7 @@ import sys
 import types
 from typing import Callable
 
-from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.base.errors import UnsupportedOnDeviceError
 
 from .module_source import execute_real_source
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.core.errors import PluginError
+from megatron_musa_patch.base.errors import PluginError
 from megatron_musa_patch.core.feature import Feature, declaration, feature, ordered
 
 
@@ -56,18 +56,19 @@ def test_the_builtin_order_keeps_the_wrappers_that_share_a_function_as_they_were
     from megatron_musa_patch.features import BUILTIN
 
     order = names(BUILTIN)
-    outside_inside = [("recompute", "moe_fusion"), ("megatron_args", "moe_fusion"),
-                      ("throughput", "hang_watchdog"),
-                      ("upstream_fixes.distopt_step_counters", "cpu_offload"),
+    outside_inside = [("recompute", "fused_ops.moe_fusion"), ("megatron_args", "fused_ops.moe_fusion"),
+                      ("logs.throughput", "reliability.hang_watchdog"),
+                      ("upstream_fixes.distopt_step_counters", "offload.cpu_offload"),
                       ("upstream_fixes.distopt_step_counters", "upstream_fixes.distopt_load_no_grad"),
-                      ("upstream_fixes.optimizer_lr_unset", "cpu_offload"),
+                      ("upstream_fixes.optimizer_lr_unset", "offload.cpu_offload"),
                       ("upstream_fixes.expert_bias_out_of_place", "recompute"),
                       ("recompute", "recompute.mlp_rms"),
-                      ("checkpoint_safety.no_rewrite_of_loaded", "mt_megatron.wait_after_ckpt"),
-                      ("moe_device_balance", "moe_device_balance.complementary_seq_aux_loss"),
-                      ("moe_device_balance.complementary_seq_aux_loss",
-                       "moe_device_balance.topk_prob_norm"),
-                      ("moe_device_balance.topk_prob_norm", "moe_device_balance.group_score"),
-                      ("moe_device_balance.group_score", "mt_megatron.router_flags")]
+                      ("reliability.checkpoint_safety.no_rewrite_of_loaded", "mt_megatron.wait_after_ckpt"),
+                      ("moe_mla_mtp.moe_device_balance", "moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss"),
+                      ("moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss",
+                       "moe_mla_mtp.moe_device_balance.topk_prob_norm"),
+                      ("moe_mla_mtp.moe_device_balance.topk_prob_norm", "moe_mla_mtp.moe_device_balance.group_score"),
+                      ("moe_mla_mtp.moe_device_balance.group_score", "mt_megatron.router_flags"),
+                      ("startup.forked_write_queue", "reliability.restart_store")]
     for outside, inside in outside_inside:
         assert order.index(outside) < order.index(inside), (outside, inside)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from megatron_musa_patch.core.errors import FeatureUnavailableError
+from megatron_musa_patch.base.errors import FeatureUnavailableError
 from megatron_musa_patch.features import megatron_args
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl

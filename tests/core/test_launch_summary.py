@@ -6,7 +6,7 @@ import types
 import pytest
 
 from megatron_musa_patch.core.results import APPLIED, FAILED, SKIPPED, PatchResult
-from megatron_musa_patch.core.session import Session
+from megatron_musa_patch.activation.session import Session
 from megatron_musa_patch.core.settings import Settings
 
 

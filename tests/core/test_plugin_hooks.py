@@ -3,7 +3,7 @@ typo that would never be called) is an error naming the plugin and the hook."""
 
 import pytest
 
-from megatron_musa_patch.core.errors import PluginError
+from megatron_musa_patch.base.errors import PluginError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import Feature
 from megatron_musa_patch.core.plugins import make_manager

@@ -10,7 +10,7 @@ import pytest
 
 from packaging.version import Version
 
-from megatron_musa_patch.core.errors import PatchError, PluginError
+from megatron_musa_patch.base.errors import PatchError, PluginError
 from megatron_musa_patch.core.records import VERIFIED, Patch
 from megatron_musa_patch.core.registry import Registry
 from megatron_musa_patch.upstream import installed as versions

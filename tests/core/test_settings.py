@@ -4,7 +4,7 @@ the fix; and the hierarchical toggles decided from it."""
 import pytest
 
 from megatron_musa_patch.core import settings
-from megatron_musa_patch.core.errors import SettingsError
+from megatron_musa_patch.base.errors import SettingsError
 from megatron_musa_patch.core.toggles import decide
 
 from tests.conftest import _LAYER_ENV

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import megatron_musa_patch
-from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.base.errors import UnsupportedOnDeviceError
 
 from tests.conftest import REPO, run_probe, subprocess_env
 
@@ -240,7 +240,7 @@ def test_gather_and_scatter_take_any_shapes_of_the_right_sizes(cpu_layer, tmp_pa
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("disable", ["", "release_dropped_groups"])
+@pytest.mark.parametrize("disable", ["", "device.release_dropped_groups"])
 def test_destroy_model_parallel_releases_its_groups(disable):
     proc = run_probe("tests.device.probes.cpu_groups", env=subprocess_env(
         MEGATRON_MUSA_PATCH_DEVICE="cpu", MEGATRON_MUSA_PATCH_DISABLE=disable or None))
@@ -268,7 +268,7 @@ def run_ranks(probe, argv_of_rank, env, count=2):
     return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
 
 
-@pytest.mark.parametrize("disable", ["", "lazy_gloo_groups"])
+@pytest.mark.parametrize("disable", ["", "device.lazy_gloo_groups"])
 def test_groups_connect_on_first_use_as_with_nccl(disable, tmp_path):
     env = subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
                          MEGATRON_MUSA_PATCH_DISABLE=disable or None)

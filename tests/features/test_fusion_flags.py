@@ -7,8 +7,9 @@ import types
 import pytest
 
 from megatron_musa_patch.upstream.conditions import te_installed
-from megatron_musa_patch.core.errors import FeatureUnavailableError
-from megatron_musa_patch.features import flash_attention, megatron_args, moe_fusion
+from megatron_musa_patch.base.errors import FeatureUnavailableError
+from megatron_musa_patch.features import megatron_args
+from megatron_musa_patch.features.fused_ops import flash_attention, moe_fusion
 
 from tests.harness.sessions import make_session
 
@@ -21,9 +22,9 @@ def _args(**kw):
 
 
 def test_flash_attention_switched_off_is_an_error():
-    session = make_session(flash_attention, disable=("flash_attention",))
+    session = make_session(flash_attention, disable=("fused_ops.flash_attention",))
     with pytest.raises(FeatureUnavailableError, match="--use-flash-attn needs the feature "
-                                                      "'flash_attention' .* switched off"):
+                                                      "'fused_ops.flash_attention' .* switched off"):
         megatron_args.check_flag_needs(session, _args(use_flash_attn=True))
     # not given, or served by TransformerEngine / the legacy model: nothing to check
     megatron_args.check_flag_needs(session, _args())
@@ -33,7 +34,7 @@ def test_flash_attention_switched_off_is_an_error():
 
 
 def test_flash_attention_broken_names_the_failure():
-    session = make_session(flash_attention, problems={"flash_attention": ["target gone"]})
+    session = make_session(flash_attention, problems={"fused_ops.flash_attention": ["target gone"]})
     with pytest.raises(FeatureUnavailableError, match="did not apply: target gone"):
         megatron_args.check_flag_needs(session, _args(use_flash_attn=True))
 
@@ -52,8 +53,8 @@ def test_flash_attention_flag_reaches_the_config():
 def test_moe_fusion_switched_off_is_an_error(flag, attr):
     if te_installed() or not moe_fusion.grouped_gemm_package_missing():
         pytest.skip("TransformerEngine or grouped_gemm is installed: upstream serves the flags")
-    session = make_session(moe_fusion, disable=("moe_fusion",))
-    with pytest.raises(FeatureUnavailableError, match=f"{flag} needs the feature 'moe_fusion'"):
+    session = make_session(moe_fusion, disable=("fused_ops.moe_fusion",))
+    with pytest.raises(FeatureUnavailableError, match=f"{flag} needs the feature 'fused_ops.moe_fusion'"):
         megatron_args.check_flag_needs(session, _args(**{attr: True}))
 
 

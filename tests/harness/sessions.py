@@ -4,7 +4,7 @@ toggles and patch failures, without activating the layer (nothing is patched).""
 from megatron_musa_patch.device.select import mapping
 from megatron_musa_patch.core.plugins import make_manager, toggles
 from megatron_musa_patch.core.registry import Registry
-from megatron_musa_patch.core.session import Session
+from megatron_musa_patch.activation.session import Session
 from megatron_musa_patch.core.settings import Settings
 
 

@@ -63,7 +63,7 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
         full.append("--mock-data")
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
     # the stock tests read Megatron's whole log (its list of arguments, its INFO messages);
-    # the default, brief log has its own tests (tests/features/test_brief_log.py)
+    # the default, brief log has its own tests (tests/features/logs/test_brief_log.py)
     run_env.update({"OMP_NUM_THREADS": "1", "MEGATRON_LM_PATH": str(lm_path),
                     "MEGATRON_MUSA_PATCH_LOG": "full", **(env or {})})
     if route == "pth":

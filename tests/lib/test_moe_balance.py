@@ -107,7 +107,7 @@ def _args(**over):
 
 @pytest.fixture
 def feature():
-    from megatron_musa_patch.features import moe_device_balance
+    from megatron_musa_patch.features.moe_mla_mtp import moe_device_balance
 
     return moe_device_balance
 
@@ -125,7 +125,7 @@ def feature():
      "not divisible"),
 ])
 def test_bad_combinations_name_the_flags(feature, over, message):
-    from megatron_musa_patch.core.errors import ArgumentError
+    from megatron_musa_patch.base.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match=message.replace("-", r"\-")):
         feature.mmp_validate_args(args=_args(**over))

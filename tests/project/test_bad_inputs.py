@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from megatron_musa_patch.data.errors import DataError
-from megatron_musa_patch.core.errors import MegatronMusaPatchError, UnsupportedOnDeviceError
+from megatron_musa_patch.base.errors import MegatronMusaPatchError, UnsupportedOnDeviceError
 
 from tests.conftest import REPO, run_python, subprocess_env
 from tools.docs_reference import catalogue_rows  # the one reader of the catalogue
@@ -153,7 +153,7 @@ def test_selftest_with_an_unknown_layout(capsys):
 def test_unknown_distributed_backend(capsys):
     import argparse
 
-    from megatron_musa_patch.features import collectives
+    from megatron_musa_patch.features.device import collectives
 
     parser = argparse.ArgumentParser(prog="pretrain_gpt.py")
     parser.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
@@ -167,7 +167,7 @@ def test_unknown_distributed_backend(capsys):
 
 
 def test_batch_invariant_mode_without_triton():
-    from megatron_musa_patch.features import cuda_free_startup
+    from megatron_musa_patch.features.startup import cuda_free_startup
 
     stand_in = types.ModuleType("batch_invariant_kernels")
     cuda_free_startup._batch_invariant_stand_in(stand_in)
@@ -201,7 +201,7 @@ def build_low_level(prefix, vocab_size=1001):
     """What megatron-core runs for each --data-path prefix, through the data_checks wrapper."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
 
-    from megatron_musa_patch.features import data_checks
+    from megatron_musa_patch.features.reliability import data_checks
 
     original = vars(GPTDataset)["build_low_level_dataset"]
     original = getattr(original, "__wrapped__", original)  # unwrapped if a test activated
@@ -257,7 +257,7 @@ def test_training_data_tokenized_with_a_larger_vocabulary(tmp_path):
 
 
 def test_token_check_reads_windows_of_a_large_file(tmp_path, monkeypatch):
-    from megatron_musa_patch.features import data_checks
+    from megatron_musa_patch.features.reliability import data_checks
 
     monkeypatch.setattr(data_checks, "SCAN_TOKENS", 64)
     ids = np.arange(10_000, dtype=np.uint16) % 900
@@ -283,7 +283,7 @@ def save_dir(tmp_path, tracker, iterations=(2, 4)):
 @pytest.mark.parametrize("content, shown", [("", "is empty"), ("4\x00\x00", "is '4\\x00\\x00'"),
                                             ("latest", "is 'latest'")])
 def test_checkpoint_tracker_that_is_not_an_iteration(tmp_path, content, shown):
-    from megatron_musa_patch.features.checkpoint_safety import CheckpointError, check_tracker
+    from megatron_musa_patch.features.reliability.checkpoint_safety import CheckpointError, check_tracker
 
     tracker = save_dir(tmp_path, content)
     with pytest.raises(CheckpointError) as failed:
@@ -295,7 +295,7 @@ def test_checkpoint_tracker_that_is_not_an_iteration(tmp_path, content, shown):
 
 
 def test_checkpoint_tracker_naming_a_missing_checkpoint(tmp_path):
-    from megatron_musa_patch.features.checkpoint_safety import CheckpointError, check_tracker
+    from megatron_musa_patch.features.reliability.checkpoint_safety import CheckpointError, check_tracker
 
     tracker = save_dir(tmp_path, "6")
     with pytest.raises(CheckpointError, match=r"names iteration 6, but .*iter_0000006 does not "
@@ -309,9 +309,9 @@ def test_checkpoint_tracker_naming_a_missing_checkpoint(tmp_path):
 
 
 def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
-    from megatron_musa_patch.core.errors import ArgumentError
-    from megatron_musa_patch.features.checkpoint_safety import legacy_format_experts
-    from megatron_musa_patch.features.checkpoint_safety.legacy_format_experts import \
+    from megatron_musa_patch.base.errors import ArgumentError
+    from megatron_musa_patch.features.reliability.checkpoint_safety import legacy_format_experts
+    from megatron_musa_patch.features.reliability.checkpoint_safety.legacy_format_experts import \
         mmp_validate_args
 
     from tests.harness.sessions import make_session
@@ -335,7 +335,7 @@ def test_legacy_checkpoint_format_with_experts_split_unlike_dense_layers():
 
 
 def test_tracker_is_replaced_atomically(tmp_path):
-    from megatron_musa_patch.features.checkpoint_safety import AtomicTextFile
+    from megatron_musa_patch.features.reliability.checkpoint_safety import AtomicTextFile
 
     tracker = save_dir(tmp_path, "4")
     crashed = AtomicTextFile(str(tracker))  # a writer that dies before it closes
@@ -354,7 +354,7 @@ def test_tracker_is_replaced_atomically(tmp_path):
 
 
 def test_finished_job_rerun_does_not_rewrite_the_loaded_checkpoint(tmp_path):
-    from megatron_musa_patch.features.checkpoint_safety import loaded_latest_unchanged
+    from megatron_musa_patch.features.reliability.checkpoint_safety import loaded_latest_unchanged
 
     save_dir(tmp_path, "5", iterations=(4, 5))
     d = str(tmp_path)
@@ -369,7 +369,7 @@ def test_save_with_args_that_lack_load_goes_to_upstream(monkeypatch):
     """Upstream's own tests patch checkpointing.get_args with a SimpleNamespace holding only
     what save_checkpoint reads; the wrapper reads the same args (not the unset global ones:
     "args is not initialized") and asks for nothing more (it raised AttributeError: 'load')."""
-    from megatron_musa_patch.features.checkpoint_safety import common, no_rewrite_of_loaded
+    from megatron_musa_patch.features.reliability.checkpoint_safety import common, no_rewrite_of_loaded
 
     checkpointing = types.ModuleType(common.CHECKPOINTING)
     checkpointing.get_args = lambda: types.SimpleNamespace(save="/ckpt")

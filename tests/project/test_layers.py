@@ -41,7 +41,7 @@ def test_features_never_fetch_the_session():
     offenders = []
     for path in (REPO / "megatron_musa_patch").rglob("*.py"):
         rel = path.relative_to(REPO / "megatron_musa_patch").as_posix()
-        if rel in ("activation.py", "__init__.py") or rel.split("/")[0] == "cli":
+        if rel == "__init__.py" or rel.split("/")[0] in ("activation", "cli"):
             continue
         text = path.read_text()
         if "active_session" in text or "activation import" in text:
@@ -73,12 +73,12 @@ def test_every_module_is_in_a_layer():
 
 
 def test_the_root_is_small():
-    """A newcomer reads the package's root in one look: at most ten entries."""
+    """A newcomer reads the package's root in one look: one package a layer (the logic layer's
+    three), nothing loose but the package's own ``__init__``."""
     root = REPO / "megatron_musa_patch"
     entries = sorted(p.name for p in root.iterdir()
                      if p.name != "__pycache__" and not p.name.endswith((".so", ".pyd")))
-    assert len(entries) <= 10, entries
-    assert entries == ["__init__.py", "activation.py", "checkpoint", "cli", "core", "data",
+    assert entries == ["__init__.py", "activation", "base", "checkpoint", "cli", "core", "data",
                        "device", "features", "lib", "upstream"]
 
 

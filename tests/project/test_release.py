@@ -1,4 +1,4 @@
-"""The release is written once (megatron_musa_patch/core/version.py): the package, ``mmp --version``,
+"""The release is written once (megatron_musa_patch/base/version.py): the package, ``mmp --version``,
 the installed metadata and ``mmp doctor`` say the same; the licence setup.py declares ships."""
 
 import re

@@ -27,7 +27,7 @@ def test_top_level_folders_are_subjects_not_costs():
 
 
 def test_every_test_folder_is_a_package():
-    """Two test files may share a name in different folders (features/cpu_offload/test_flags.py,
+    """Two test files may share a name in different folders (features/offload/cpu_offload/test_flags.py,
     features/fused_ops/test_flags.py) only if each folder is a package."""
     missing = sorted(str(p.parent.relative_to(REPO)) for p in _python_files()
                      if not (p.parent / "__init__.py").exists())

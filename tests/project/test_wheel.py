@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from megatron_musa_patch.core.version import __version__
+from megatron_musa_patch.base.version import __version__
 
 from tests.conftest import REPO
 
@@ -21,7 +21,7 @@ def test_the_wheel_builds_and_carries_the_hook(tmp_path):
     assert f"-{__version__}-" in wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("megatron_musa_patch.pth", "_megatron_musa_patch_boot.py",
-                   "megatron_musa_patch/__init__.py", "megatron_musa_patch/core/version.py",
+                   "megatron_musa_patch/__init__.py", "megatron_musa_patch/base/version.py",
                    "megatron_musa_patch/features/fused_ops/rope.py",
                    "megatron_musa_patch/csrc/binding.cpp"):
         assert needed in names, needed

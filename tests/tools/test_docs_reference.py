@@ -101,9 +101,9 @@ def test_a_page_names_the_flags_its_feature_adds_and_needs():
     for flag in ("--attn-recompute", "--mlp-recompute", "--recompute-variance"):
         assert f"| `{flag}` |" in recompute
     assert "--mla-rms-recompute" not in recompute  # recompute.mla_rms's own
-    needs = pages["cpu_offload.md"].split("work only through it")[1].split("\n## ")[0]
+    needs = pages["offload.cpu_offload.md"].split("work only through it")[1].split("\n## ")[0]
     assert "| `--optimizer-cpu-offload` | cpu, musa |" in needs
-    assert "after [`recompute`](recompute.md)" in pages["moe_fusion.md"]
+    assert "after [`recompute`](recompute.md)" in pages["fused_ops.moe_fusion.md"]
     # every flag of every hook, called on a parser of its own
     from megatron_musa_patch.features import BUILTIN
 
@@ -121,13 +121,15 @@ def test_a_page_names_the_flags_its_feature_adds_and_needs():
 
 
 def test_a_page_lists_its_records_as_mmp_patches_does():
-    """Every row of ``mmp patches --json --no-import`` (CPU row) is on its feature's page."""
+    """Every row of ``mmp patches --json --no-import`` (CPU row), the launcher's too, is on its
+    feature's page."""
     run = subprocess.run([sys.executable, "-m", "megatron_musa_patch.cli.main", "patches",
                           "--json", "--no-import"], cwd=REPO, capture_output=True, text=True,
                          env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"), timeout=300)
     assert run.returncode == 0, run.stderr
-    rows = json.loads(run.stdout)["patches"]
-    assert len(rows) > 200
+    report = json.loads(run.stdout)
+    rows = report["patches"] + report["launcher_patches"]
+    assert len(rows) > 200 and len(report["launcher_patches"]) == 9
     pages = docs_reference.feature_pages()
     absent = [r["id"] for r in rows if f"| `{r['id']}` | `{r['target']}` | {r['kind']} |"
               not in pages[f"{r['feature']}.md"]]

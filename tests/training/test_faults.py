@@ -124,13 +124,13 @@ def test_killed_rank_ends_the_job_and_a_restart_resumes_exactly(lm_path, tmp_pat
 
 
 def test_without_the_atomic_tracker_write_the_same_kill_loses_the_checkpoint(lm_path, tmp_path):
-    """The hole the 'checkpoint_safety' feature closes: Megatron-LM truncates the tracker and
+    """The hole the 'reliability.checkpoint_safety' feature closes: Megatron-LM truncates the tracker and
     then writes it; killed in between, the tracker is empty, and upstream's next job prints
     "Invalid metadata file" and exits with status 0 without training. Through the layer the
     next job fails instead, naming the file and the fix."""
     ckpt = tmp_path / "ckpt"
     args = [*LAYOUT, "--save", str(ckpt), "--save-interval", "2"]
-    off = {"MEGATRON_MUSA_PATCH_DISABLE": "checkpoint_safety"}
+    off = {"MEGATRON_MUSA_PATCH_DISABLE": "reliability.checkpoint_safety"}
     status, _, _, _ = run_and_kill(lm_path, args, f"tracker:0:{KILL_AT}", extra_env=off)
     assert status != 0
     assert (ckpt / TRACKER).read_text() == ""  # truncated, never written

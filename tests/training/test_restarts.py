@@ -229,7 +229,7 @@ def test_plain_torchrun_restart_reconnects_through_the_env_hook(lm_path, tmp_pat
     """torchrun itself (the .pth route) with --max-restarts 1: a killed rank, and the restarted
     rank 1 late to initialize, so rank 0 looks up its address first. Without the restart_store
     feature that lookup can find the killed rank's address in the store torchrun shares across
-    attempts (tests/features/test_hang_watchdog.py shows the stale key deterministically); what
+    attempts (tests/features/reliability/test_hang_watchdog.py shows the stale key deterministically); what
     follows depends on timing: "Gloo connectFullMesh failed" (seen on 0.19.2 each time), a
     "Connection reset by peer" in the first barrier (seen on 0.16.1), or, by luck, nothing.
     With it the group resumes exactly."""

@@ -31,7 +31,7 @@ LAYOUTS = {
                      "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"],
 }
 FORMATS = {"torch_dist": [], "torch": ["--ckpt-format", "torch"]}
-# megatron-core's HybridDeviceOptimizer made to work off CUDA (features/cpu_offload.py)
+# megatron-core's HybridDeviceOptimizer made to work off CUDA (features/offload/cpu_offload.py)
 OFFLOAD = ["--use-distributed-optimizer", "--use-precision-aware-optimizer",
            "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"]
 

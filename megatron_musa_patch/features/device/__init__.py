@@ -23,7 +23,7 @@ import torch
 from megatron_musa_patch.lib.compiling import compile_with_fallback
 from megatron_musa_patch.device import torch_api
 from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
-from megatron_musa_patch.core.errors import TorchMappingError
+from megatron_musa_patch.base.errors import TorchMappingError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.records import VERIFIED
 from megatron_musa_patch.core.feature import feature

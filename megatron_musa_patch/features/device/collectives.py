@@ -37,7 +37,8 @@ from megatron_musa_patch.device.rows import CPU, MUSA, OFF_CUDA
 FEATURE = feature(
     __name__,
     "nccl mapped to the device's collective backend (mccl on MUSA, gloo on CPU)",
-    required=True)
+    required=True,
+    aliases=("collectives",), kept_out=("device",))
 
 
 BACKEND_CHOICES = ("nccl", "mccl", "gloo")

@@ -22,7 +22,8 @@ from megatron_musa_patch.device.rows import CPU
 FEATURE = feature(
     __name__,
     "CPU row: megatron-fsdp scales its gradients, then reduces with SUM, instead of NCCL's "
-    "PREMUL_SUM, which gloo does not have")
+    "PREMUL_SUM, which gloo does not have",
+    aliases=("fsdp_reduce_unfused",), kept_out=("device",))
 
 
 #: where megatron-fsdp picks its gradients' reduce op (every supported release)

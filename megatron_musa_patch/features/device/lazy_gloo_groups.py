@@ -25,7 +25,8 @@ from megatron_musa_patch.device.rows import CPU
 FEATURE = feature(
     __name__,
     "CPU row: gloo process groups connect on first use, as NCCL's communicators do "
-    "(TORCH_GLOO_LAZY_INIT around group creation)")
+    "(TORCH_GLOO_LAZY_INIT around group creation)",
+    aliases=("lazy_gloo_groups",), kept_out=("device",))
 
 
 LAZY_INIT = "TORCH_GLOO_LAZY_INIT"

@@ -5,7 +5,7 @@ but destroys only the gloo ones it made on purpose; every other group stays regi
 torch.distributed for the rest of the process. With NCCL that costs little: a communicator is
 made on a group's first collective. On the CPU row every group is a gloo group, served by
 threads of its own and connected to its peers (when made, or on first use under
-``lazy_gloo_groups``), so a process that initialises and destroys model parallelism repeatedly
+``device.lazy_gloo_groups``), so a process that initialises and destroys model parallelism repeatedly
 (upstream's unit tests do it before every test; so do sweeps and tools that re-shard) piles up
 sockets and threads, and each later initialisation is slower than the last: measured on 8 ranks
 and 2 cores, the 10 tests of ``moe/test_aux_loss.py::TestAuxLoss`` took 165 s, the last of them
@@ -29,7 +29,8 @@ from megatron_musa_patch.device.rows import CPU
 FEATURE = feature(
     __name__,
     "destroy_model_parallel destroys the gloo groups initialize_model_parallel made (CPU row), "
-    "instead of leaving their sockets and threads behind")
+    "instead of leaving their sockets and threads behind",
+    aliases=("release_dropped_groups",), kept_out=("device",))
 
 
 PARALLEL_STATE = "megatron.core.parallel_state"

@@ -17,14 +17,15 @@ from __future__ import annotations
 import sys
 
 from megatron_musa_patch.upstream.conditions import te_installed
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
     "without TransformerEngine: --transformer-impl transformer_engine stops with one paragraph;"
-    " --tp-comm-overlap is dropped with a warning")
+    " --tp-comm-overlap is dropped with a warning",
+    aliases=("te_absent",), kept_out=("device",))
 
 
 def paragraph(device: str) -> str:

@@ -48,7 +48,8 @@ FEATURE = feature(
         and not getattr(args, "use_legacy_models", False)
         and getattr(args, "transformer_impl", "local") == "local",
         because="with --transformer-impl local: upstream's local attention has no flash path and "
-                "would ignore the flag"),))
+                "would ignore the flag"),),
+    aliases=("flash_attention",), kept_out=("fused_ops",))
 
 
 @dataclasses.dataclass

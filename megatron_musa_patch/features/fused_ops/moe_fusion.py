@@ -72,7 +72,8 @@ FEATURE = feature(
         FlagNeed("--moe-grouped-gemm", when=_grouped_gemm_needs_us,
                  because="upstream needs the grouped_gemm package (or TransformerEngine) for it"),
     ),
-    after=("recompute", "megatron_args"))
+    after=("recompute", "megatron_args"),
+    aliases=("moe_fusion",), kept_out=("fused_ops",))
 
 
 @hookimpl

@@ -39,7 +39,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "rank 0's start-up log in brief: Megatron's argument list as one line, its INFO messages "
-    "off the console, TE/Apex warnings as one line")
+    "off the console, TE/Apex warnings as one line",
+    aliases=("brief_log",))
 
 
 #: upstream's warnings that TransformerEngine / Apex are missing (megatron.core and

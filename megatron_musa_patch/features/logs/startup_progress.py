@@ -27,7 +27,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "rank 0 says what it is doing (importing, initialising, building the model or the data, "
-    "the first step) after each 5 s without output while it starts")
+    "the first step) after each 5 s without output while it starts",
+    aliases=("startup_progress",))
 
 #: a script that never calls Megatron's train_step is not followed longer than this
 MOST_S = 1800.0

@@ -24,7 +24,7 @@ import sys
 from typing import Optional
 
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
@@ -33,7 +33,8 @@ from megatron_musa_patch.lib.metrics.figures import percent, significant
 
 FEATURE = feature(
     __name__,
-    "tokens/s per device and MFU in the training log (FLOPs counted for the model)")
+    "tokens/s per device and MFU in the training log (FLOPs counted for the model)",
+    aliases=("throughput",))
 
 
 TRAINING = "megatron.training.training"

@@ -43,7 +43,8 @@ FEATURE = feature(
                            when=lambda args: getattr(args, "multi_latent_attention", False)
                            and getattr(args, "transformer_impl", "local") == "local",
                            because="on the local spec upstream's MLA passes arguments the local "
-                                   "attention does not take"),))
+                                   "attention does not take"),),
+    aliases=("mla_local",))
 
 
 @hookimpl

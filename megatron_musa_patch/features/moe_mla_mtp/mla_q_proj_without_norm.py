@@ -12,7 +12,7 @@ again; before 0.19 there is nothing to change.
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream import facts
 from megatron_musa_patch.core.feature import feature
@@ -20,7 +20,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--mla-q-proj-without-norm (MLA without a query LoRA: no norm before the query projection, "
-    "as DeepSeek-V2-Lite and megatron-core before 0.19)")
+    "as DeepSeek-V2-Lite and megatron-core before 0.19)",
+    aliases=("mla_q_proj_without_norm",))
 
 #: what the record undoes, and from which release megatron-core does it
 FACT = "mla_normalises_query_input_without_q_lora"

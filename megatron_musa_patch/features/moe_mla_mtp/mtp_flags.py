@@ -8,13 +8,14 @@ error naming both, rather than a silent pick.
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)")
+    "--use-multi-token-prediction / --mtp-depth / --mtp-coeff (MT-Megatron spellings)",
+    aliases=("mtp_flags",))
 
 # upstream's default for --mtp-loss-scaling-factor: only a different value counts as "given"
 UPSTREAM_SCALING_DEFAULT = 0.1

@@ -18,7 +18,7 @@ means all of them):
 The other MT flags live with the features that implement them: ``--attn-recompute``,
 ``--mlp-recompute``, ``--recompute-variance`` (``recompute``), ``--q-rms-recompute``,
 ``--mla-rms-recompute`` (``recompute.mla_rms``), ``--mlp-rms-recompute`` (``recompute.mlp_rms``),
-the device-level MoE losses (``moe_device_balance``), ``--moe-complementary-seq-aux-loss``
-(``moe_device_balance.complementary_seq_aux_loss``), ``--moe-router-norm-topk-prob``
-(``moe_device_balance.topk_prob_norm``), the MTP spellings (``mtp_flags``).
+the device-level MoE losses (``moe_mla_mtp.moe_device_balance``), ``--moe-complementary-seq-aux-loss``
+(``moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss``), ``--moe-router-norm-topk-prob``
+(``moe_mla_mtp.moe_device_balance.topk_prob_norm``), the MTP spellings (``moe_mla_mtp.mtp_flags``).
 """

@@ -4,7 +4,7 @@
 * ``--moe-router-use-sigmoid`` -> ``--moe-router-score-function sigmoid``. MT applies it with
   ``--moe-router-pre-softmax`` only (and routes with softmax otherwise): refused without it. MT
   normalises the selected sigmoid probabilities only with ``--moe-router-norm-topk-prob``; without
-  it they stay unnormalised (``moe_device_balance.topk_prob_norm``).
+  it they stay unnormalised (``moe_mla_mtp.moe_device_balance.topk_prob_norm``).
 * ``--moe-router-topk-limited-devices M`` -> ``--moe-router-group-topk M`` with
   ``--moe-router-num-groups`` = the expert-parallel size (each token's experts on at most M
   devices), or = ``--moe-router-num-node-group`` when given (MT's node-limited routing). A group
@@ -20,7 +20,7 @@ Both spellings of one setting with different values is an error naming both.
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
@@ -30,10 +30,10 @@ FEATURE = feature(
     __name__,
     "--moe-router-use-sigmoid, --moe-router-topk-limited-devices, --moe-router-num-node-group, "
     "--moe-noaux-gamma (MT-Megatron spellings)",
-    after=("moe_device_balance",
-           "moe_device_balance.complementary_seq_aux_loss",
-           "moe_device_balance.topk_prob_norm",
-           "moe_device_balance.group_score"))
+    after=("moe_mla_mtp.moe_device_balance",
+           "moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss",
+           "moe_mla_mtp.moe_device_balance.topk_prob_norm",
+           "moe_mla_mtp.moe_device_balance.group_score"))
 
 #: upstream's default for --moe-router-bias-update-rate: only another value counts as "given"
 UPSTREAM_BIAS_RATE = 1e-3
@@ -93,7 +93,7 @@ def mmp_validate_args(args, session):
         args.moe_router_score_function = "sigmoid"
         if not getattr(args, "moe_router_norm_topk_prob", False):
             session.require(
-                "moe_device_balance.topk_prob_norm", "--moe-router-use-sigmoid",
+                "moe_mla_mtp.moe_device_balance.topk_prob_norm", "--moe-router-use-sigmoid",
                 because="without --moe-router-norm-topk-prob MT-Megatron leaves the selected "
                         "sigmoid probabilities unnormalised; megatron-core always normalises",
                 instead="add --moe-router-norm-topk-prob (megatron-core's own sigmoid routing)")

@@ -7,7 +7,7 @@ Without FP8 (``--fp8-format``) or FP4 there is no amax to reduce: refused, namin
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 

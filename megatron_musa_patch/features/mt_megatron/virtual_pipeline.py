@@ -11,7 +11,7 @@ stages' sizes and the flag to give instead.
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature

@@ -15,7 +15,7 @@ import os
 import time
 
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
@@ -24,7 +24,7 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--wait-after-ckpt S: wait S seconds after each checkpoint save (MT-Megatron)",
-    after=("checkpoint_safety.no_rewrite_of_loaded",))
+    after=("reliability.checkpoint_safety.no_rewrite_of_loaded",))
 
 CHECKPOINTING = "megatron.training.checkpointing"
 

@@ -25,7 +25,7 @@ import torch
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.upstream.conditions import te_installed
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.flag_needs import FlagNeed
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.offload import dtypes as dtype_rules
@@ -62,7 +62,8 @@ FEATURE = feature(
     ),
     after=("upstream_fixes.distopt_load_no_grad",
            "upstream_fixes.distopt_step_counters",
-           "upstream_fixes.optimizer_lr_unset"))
+           "upstream_fixes.optimizer_lr_unset"),
+    aliases=("cpu_offload",))
 
 
 @hookimpl

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.recompute import rms, rules
 from megatron_musa_patch.core.feature import feature

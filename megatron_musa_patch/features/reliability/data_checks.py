@@ -35,7 +35,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--data-path pairs checked at start-up: present, undamaged, token ids within the "
-    "tokenizer's vocabulary; a --split that leaves a dataset with no document refused")
+    "tokenizer's vocabulary; a --split that leaves a dataset with no document refused",
+    aliases=("data_checks",))
 
 
 #: tokens per file read for the id check (all of a smaller file): ~128 MiB of uint16 ids

@@ -20,7 +20,7 @@ import os
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.lib.elastic.watchdog import Deadlines, Watchdog
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.args import args_read_by
 from megatron_musa_patch.core.feature import feature
@@ -30,7 +30,8 @@ FEATURE = feature(
     __name__,
     "a rank that stops making progress ends itself (with its stack) within --hang-timeout, so "
     "torchrun can restart the group",
-    after=("throughput",))
+    after=("logs.throughput",),
+    aliases=("hang_watchdog",))
 
 
 TRAINING = "megatron.training.training"

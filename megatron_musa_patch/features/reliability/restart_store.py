@@ -34,7 +34,10 @@ from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "a group torchrun restarts gets store keys of its own (no stale peer addresses)")
+    "a group torchrun restarts gets store keys of its own (no stale peer addresses)",
+    # both wrap _initialize_distributed: its wrapper sits inside the writer queue's fork
+    after=("startup.forked_write_queue",),
+    aliases=("restart_store",))
 
 
 INITIALIZE = "megatron.training.initialize"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 
 from megatron_musa_patch.upstream.conditions import importable, missing
-from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.base.errors import UnsupportedOnDeviceError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.triton_free import execute_without_triton
 from megatron_musa_patch.core.feature import feature
@@ -31,7 +31,8 @@ from megatron_musa_patch.device.rows import OFF_CUDA
 FEATURE = feature(
     __name__,
     "Megatron-LM start-up without make, nvcc or triton where they are not needed",
-    required=True)
+    required=True,
+    aliases=("cuda_free_startup",))
 
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"  # for messages

@@ -6,9 +6,8 @@ save, synchronous or ``--async-save``) hands the rank its results through a ``mu
 Manager queue that it creates at the rank's first save, with the ``spawn`` context. A spawned
 process imports the rank's main module again (``pretrain_gpt.py``: torch and megatron-core whole)
 before it answers, and the save waits for it: every rank pays one more start-up at the first save
-of every attempt (a 2-rank tiny GPT's first save on 2 cores: 4.84 s, 0.20 s with this feature,
-on Python 3.11 and megatron-core 0.16.1; 11.81 s and 0.10 s on 3.12 and 0.19.2;
-``benchmarks/bench_first_save.py``). Here a rank that will save in a
+of every attempt (docs/benchmarks.md, start-up: ``benchmarks/bench_first_save.py``). Here a rank
+that will save in a
 distributed format creates that queue as Megatron starts to initialise torch.distributed, with
 the ``fork`` context (as 0.19's own persistent async worker does,
 ``get_write_results_queue(mp_mode="fork")``): the manager is up in milliseconds with what the
@@ -23,7 +22,7 @@ import multiprocessing
 import os
 import signal
 
-from megatron_musa_patch.core.errors import PatchError
+from megatron_musa_patch.base.errors import PatchError
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream import tables
@@ -32,7 +31,8 @@ from megatron_musa_patch.upstream.args import args_read_by
 FEATURE = feature(
     __name__,
     "the torch_dist writer's results queue is served by a process forked before the process "
-    "groups exist: no spawned start-up at each rank's first checkpoint save")
+    "groups exist: no spawned start-up at each rank's first checkpoint save",
+    aliases=("forked_write_queue",))
 
 
 INITIALIZE = "megatron.training.initialize"

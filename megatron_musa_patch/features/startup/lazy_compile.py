@@ -3,10 +3,9 @@
 From 0.17 ``import megatron.core`` reaches ``moe/router.py``, whose ``InferenceTopKRouter``
 decorates a method with ``@torch.compile`` as the class is defined. ``torch.compile`` compiles
 nothing then (it compiles at the first call), but it imports torch's compiler (dynamo and
-inductor): seconds in every process that imports megatron-core (7.4 s of 19.3 s on 2 cores with
-torch 2.15 and megatron-core 0.19.2, ``benchmarks/bench_import.py``), whether or not it ever
-routes a token for inference. The module's own source runs with ``torch.compile`` replaced,
-while it executes (the modules it imports first included), by one that hands back a function
+inductor): seconds in every process that imports megatron-core (docs/benchmarks.md, start-up),
+whether or not it ever routes a token for inference. The module's own source runs with
+``torch.compile`` replaced, while it executes (the modules it imports first included), by one that hands back a function
 which calls ``torch.compile`` with the same arguments at its first call and the compiled
 function from then on: what runs, and how it compiles, is upstream's; only the import of the
 compiler waits for the first use. The layer's patches of the module's classes apply to it as
@@ -27,7 +26,8 @@ from megatron_musa_patch.upstream.module_source import execute_real_source
 FEATURE = feature(
     __name__,
     "torch.compile called by a megatron-core module as it is imported compiles at the first "
-    "call: the import does not load torch's compiler (seconds a process from 0.17)")
+    "call: the import does not load torch's compiler (seconds a process from 0.17)",
+    aliases=("lazy_compile",))
 
 @hookimpl
 def mmp_register_patches(registry):

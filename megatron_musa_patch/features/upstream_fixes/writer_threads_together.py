@@ -8,11 +8,9 @@ save with ``thread_count`` 2 (``--async-save --dist-ckpt-workers 2``; a strategy
 ``separation_hint``; a program's own strategy) takes as long as with 1, plus the split. Here every
 thread starts before the last bucket is written, each bucket by upstream's own
 ``write_preloaded_data``; the results reach the save as upstream's do (a dict of each bucket's
-write results, or one exception naming the bucket that failed). Saving a 1B-shaped model
-(``mmp checkpoint import-hf``, one rank, 2 cores, megatron-core 0.19.2, medians of 3 alternated):
-5.7 s with one thread, 5.9 s with two as upstream writes them, 4.3 s with two at once; the whole
-import 10.9 s without the fix, 8.3 s with it (``benchmarks/bench_checkpoint_import.py --without
-upstream_fixes.writer_threads_together``, medians of 5).
+write results, or one exception naming the bucket that failed). What it saves: docs/benchmarks.md,
+checkpoint conversion (``benchmarks/bench_checkpoint_import.py --without
+upstream_fixes.writer_threads_together``).
 """
 
 from __future__ import annotations

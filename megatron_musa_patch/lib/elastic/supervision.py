@@ -29,7 +29,7 @@ from .failure_report import failure_report
 
 #: torch's switch for a store per attempt (pytorch/pytorch#135712: with the store torchrun shares
 #: across attempts, a restarted group can read the previous attempt's addresses and never
-#: connect; ``features/restart_store.py`` covers plain torchrun on one node)
+#: connect; ``features/reliability/restart_store.py`` covers plain torchrun on one node)
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 #: the launcher says what it is doing while the ranks start, until this long after its start (a
 #: node whose ranks never say they are up, with the layer's progress feature off, stays quiet
@@ -81,7 +81,7 @@ def supervised(supervision: Supervision, script_args: List[str], max_restarts: i
 
     reports.forget_attempt(report_dir)  # a directory of the user's may hold an earlier job's
     # the launcher's progress lines go on until this node's first rank is up (rank 0 then says
-    # what it does itself: features/startup_progress.py), for a few minutes at most
+    # what it does itself: features/logs/startup_progress.py), for a few minutes at most
     starting = heartbeat or Heartbeat(say, None)
     starting.describe = lambda elapsed: (f"{launcher}: the ranks are starting (each imports "
                                          f"torch and Megatron; {elapsed:.0f} s)")

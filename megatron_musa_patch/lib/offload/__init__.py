@@ -1,6 +1,6 @@
 """CPU-offload optimizer and precision-aware optimizer off CUDA and without TransformerEngine.
 
-The feature plugin (``features/cpu_offload.py``) registers the patches and checks the flags;
+The feature plugin (``features/offload/cpu_offload.py``) registers the patches and checks the flags;
 the logic lives here, one job per module:
 
 * ``partition``      -- which share of the parameters has its optimizer step on the host, and

@@ -18,7 +18,7 @@ import importlib
 
 import torch
 
-from megatron_musa_patch.core.errors import FeatureUnavailableError
+from megatron_musa_patch.base.errors import FeatureUnavailableError
 from .blocks import MARK, deferred_ids
 
 

@@ -29,7 +29,7 @@ import sys
 import torch
 
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
+from megatron_musa_patch.base.errors import ArgumentError, FeatureUnavailableError
 from . import overlap, rules
 from .blocks import MARK, checkpoint_block, deferred_ids
 

@@ -10,7 +10,7 @@ import torch
 from megatron_musa_patch import active_session as current  # activates the layer (after torch)
 import torch_musa
 import torch.distributed as dist
-from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+from megatron_musa_patch.base.errors import UnsupportedOnDeviceError
 
 calls = torch_musa.CALLS
 

@@ -20,5 +20,5 @@ def test_the_gradients_are_scaled_then_summed(tmp_path):
 
 def test_without_the_feature_gloo_refuses_premul_sum(tmp_path):
     lines = _lines(run_probe_on_one_cpu_rank(PROBE, tmp_path,
-                                             MEGATRON_MUSA_PATCH_DISABLE="fsdp_reduce_unfused"))
+                                             MEGATRON_MUSA_PATCH_DISABLE="device.fsdp_reduce_unfused"))
     assert lines == ["refused Cannot use ReduceOp.PREMUL_SUM with Gloo", "config fusion True"]

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from megatron_musa_patch.features.flash_attention import ANNOUNCEMENT
+from megatron_musa_patch.features.fused_ops.flash_attention import ANNOUNCEMENT
 
 from tests.harness.stock import assert_close, run_stock
 
@@ -38,8 +38,8 @@ def test_flash_attention_with_attention_dropout_trains(lm_path):
 def test_flag_of_the_switched_off_feature_fails_clearly(lm_path):
     with pytest.raises(AssertionError) as failed:
         run_stock(lm_path, ["--use-flash-attn"], iters=1, nproc=1,  # one rank: an unmixed log
-                  env={"MEGATRON_MUSA_PATCH_DISABLE": "flash_attention"})
+                  env={"MEGATRON_MUSA_PATCH_DISABLE": "fused_ops.flash_attention"})
     message = " ".join(str(failed.value).split())
-    assert ("--use-flash-attn needs the feature 'flash_attention' (with --transformer-impl local: "
+    assert ("--use-flash-attn needs the feature 'fused_ops.flash_attention' (with --transformer-impl local: "
             "upstream's local attention has no flash path and would ignore the flag), which is "
             "switched off") in message

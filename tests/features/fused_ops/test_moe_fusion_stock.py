@@ -60,6 +60,6 @@ def test_flags_of_the_switched_off_feature_fail_clearly(lm_path):
     for flag in FUSED:
         with pytest.raises(AssertionError) as failed:
             run_stock(lm_path, [*MOE, flag], iters=1, nproc=1,
-                      env={"MEGATRON_MUSA_PATCH_DISABLE": "moe_fusion"})
+                      env={"MEGATRON_MUSA_PATCH_DISABLE": "fused_ops.moe_fusion"})
         message = " ".join(str(failed.value).split())
-        assert f"{flag} needs the feature 'moe_fusion'" in message, message[-1500:]
+        assert f"{flag} needs the feature 'fused_ops.moe_fusion'" in message, message[-1500:]

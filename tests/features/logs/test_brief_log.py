@@ -1,4 +1,4 @@
-"""``brief_log``: a stock run's console in brief, everything back with
+"""``logs.brief_log``: a stock run's console in brief, everything back with
 ``MEGATRON_MUSA_PATCH_LOG=full``."""
 
 import argparse
@@ -9,7 +9,7 @@ import warnings
 import pytest
 import wrapt
 
-from megatron_musa_patch.features import brief_log
+from megatron_musa_patch.features.logs import brief_log
 
 from tests.harness.stock import run_stock
 

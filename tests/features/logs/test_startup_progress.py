@@ -1,4 +1,4 @@
-"""``startup_progress``: under ``mmp run``, a rank that prints nothing while it starts is never
+"""``logs.startup_progress``: under ``mmp run``, a rank that prints nothing while it starts is never
 silent for long: the launcher, then rank 0, say what is being done."""
 
 import shutil
@@ -11,14 +11,14 @@ import pytest
 
 import _megatron_musa_patch_boot as boot
 
-from megatron_musa_patch.features import startup_progress
+from megatron_musa_patch.features.logs import startup_progress
 
 from megatron_musa_patch.lib.elastic import reports
 
 from tests.conftest import REPO, subprocess_env
 
 MMP = shutil.which("mmp", path=str(Path(sys.executable).parent))
-PROBE = Path(__file__).parent / "probes" / "slow_phase.py"
+PROBE = Path(__file__).parents[1] / "probes" / "slow_phase.py"
 
 
 @pytest.mark.parametrize("argv, helper", [
@@ -86,7 +86,7 @@ def test_the_launcher_speaks_while_the_ranks_start(tmp_path):
     """The ranks take 12 s to activate (a slow plugin): the launcher says they are starting,
     until rank 0 is up, and is never silent for long."""
     script = tmp_path / "quiet_script.py"
-    shutil.copy(Path(__file__).parent / "probes" / "quiet_script.py", script)
+    shutil.copy(Path(__file__).parents[1] / "probes" / "quiet_script.py", script)
     env = subprocess_env(PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), MMP_SLOW_PLUGIN_S="12",
                          MEGATRON_MUSA_PATCH_PLUGINS="tests.features.probes.slow_plugin")
     proc = subprocess.Popen([MMP, "run", "--standalone", "--nproc-per-node", "2", str(script)],

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
-from megatron_musa_patch.features import megatron_args, mla_q_proj_without_norm
+from megatron_musa_patch.base.errors import ArgumentError, FeatureUnavailableError
+from megatron_musa_patch.features import megatron_args
+from megatron_musa_patch.features.moe_mla_mtp import mla_q_proj_without_norm
 
 from tests.harness.sessions import make_session
 
@@ -30,12 +31,12 @@ def test_misuse_is_refused():
 
 
 def test_the_flag_needs_its_feature():
-    session = make_session(mla_q_proj_without_norm, disable=("mla_q_proj_without_norm",))
+    session = make_session(mla_q_proj_without_norm, disable=("moe_mla_mtp.mla_q_proj_without_norm",))
     parser = argparse.ArgumentParser()
     megatron_args.add_plugin_arguments(session, parser)
     args = parser.parse_args(["--mla-q-proj-without-norm"])
     with pytest.raises(FeatureUnavailableError, match="--mla-q-proj-without-norm needs the "
-                                                      "feature 'mla_q_proj_without_norm'"):
+                                                      "feature 'moe_mla_mtp.mla_q_proj_without_norm'"):
         megatron_args.check_flag_needs(session, args)
 
 

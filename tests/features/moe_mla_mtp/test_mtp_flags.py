@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from megatron_musa_patch.core.errors import ArgumentError
-from megatron_musa_patch.features import mtp_flags
+from megatron_musa_patch.base.errors import ArgumentError
+from megatron_musa_patch.features.moe_mla_mtp import mtp_flags
 
 
 def _args(**over):

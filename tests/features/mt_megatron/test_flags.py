@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from megatron_musa_patch.lib import moe_balance
-from megatron_musa_patch.core.errors import ArgumentError, FeatureUnavailableError
-from megatron_musa_patch.features import megatron_args, recompute, te_absent
-from megatron_musa_patch.features.moe_device_balance import (complementary_seq_aux_loss as moe_balance_complementary,
+from megatron_musa_patch.base.errors import ArgumentError, FeatureUnavailableError
+from megatron_musa_patch.features import megatron_args, recompute
+from megatron_musa_patch.features.device import te_absent
+from megatron_musa_patch.features.moe_mla_mtp.moe_device_balance import (complementary_seq_aux_loss as moe_balance_complementary,
                                                              group_score as moe_balance_group_score,
                                                              topk_prob_norm as moe_balance_topk_norm)
 from megatron_musa_patch.features.recompute import (mla_rms as recompute_mla_rms,
@@ -129,10 +130,10 @@ def test_router_flags_without_experts_or_with_nonsense_values():
 
 
 def test_unnormalised_sigmoid_needs_the_topk_norm_plugin():
-    session = make_session(*PLUGINS, disable=("moe_device_balance.topk_prob_norm",))
+    session = make_session(*PLUGINS, disable=("moe_mla_mtp.moe_device_balance.topk_prob_norm",))
     args = margs(moe_router_use_sigmoid=True, moe_router_pre_softmax=True)
     with pytest.raises(FeatureUnavailableError, match="--moe-router-use-sigmoid needs the "
-                                                      "feature 'moe_device_balance.topk_prob_norm'"):
+                                                      "feature 'moe_mla_mtp.moe_device_balance.topk_prob_norm'"):
         router_flags.mmp_validate_args(args=args, session=session)
     args.moe_router_norm_topk_prob = True  # normalised: upstream's own sigmoid routing
     router_flags.mmp_validate_args(args=args, session=session)
@@ -361,11 +362,11 @@ FLAG_CASES = [
     ("recompute.mla_rms", ["--mla-rms-recompute"], "--mla-rms-recompute"),
     ("recompute.mlp_rms", ["--mlp-rms-recompute"], "--mlp-rms-recompute"),
     ("recompute", ["--mlp-rms-recompute"], "--mlp-rms-recompute"),  # the group name
-    ("moe_device_balance.complementary_seq_aux_loss", ["--moe-complementary-seq-aux-loss"],
+    ("moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss", ["--moe-complementary-seq-aux-loss"],
      "--moe-complementary-seq-aux-loss"),
-    ("moe_device_balance.topk_prob_norm", ["--moe-router-norm-topk-prob"],
+    ("moe_mla_mtp.moe_device_balance.topk_prob_norm", ["--moe-router-norm-topk-prob"],
      "--moe-router-norm-topk-prob"),
-    ("moe_device_balance.group_score", ["--moe-router-group-score", "max"],
+    ("moe_mla_mtp.moe_device_balance.group_score", ["--moe-router-group-score", "max"],
      "--moe-router-group-score"),
     ("mt_megatron.router_flags", ["--moe-router-use-sigmoid"], "--moe-router-use-sigmoid"),
     ("mt_megatron.router_flags", ["--moe-router-topk-limited-devices", "2"],

@@ -87,9 +87,9 @@ def test_shared_expert_overlap_matches_no_overlap(lm_path, release):
 def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):
     with pytest.raises(AssertionError) as failed:
         run_stock(lm_path, ["--num-experts", "4", "--moe-device-level-aux-loss-coeff", "0.1"],
-                  iters=1, env={"MEGATRON_MUSA_PATCH_DISABLE": "moe_device_balance"})
+                  iters=1, env={"MEGATRON_MUSA_PATCH_DISABLE": "moe_mla_mtp.moe_device_balance"})
     message = " ".join(str(failed.value).split())
-    assert ("--moe-device-level-aux-loss-coeff needs the feature 'moe_device_balance', "
+    assert ("--moe-device-level-aux-loss-coeff needs the feature 'moe_mla_mtp.moe_device_balance', "
             "which is switched off by MEGATRON_MUSA_PATCH_DISABLE=moe_device_balance") in message
 
 

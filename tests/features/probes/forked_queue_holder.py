@@ -1,14 +1,14 @@
 """A process that holds a Manager queue and waits to be killed: ``feature`` makes it with
-features/forked_write_queue.py's ``forked_queue``, ``plain`` as a plain forked Manager would.
+features/startup/forked_write_queue.py's ``forked_queue``, ``plain`` as a plain forked Manager would.
 Prints the manager's pid once the queue answers.
 
-Run by tests/features/test_forked_write_queue.py."""
+Run by tests/features/startup/test_forked_write_queue.py."""
 
 import multiprocessing
 import sys
 import time
 
-from megatron_musa_patch.features.forked_write_queue import forked_queue
+from megatron_musa_patch.features.startup.forked_write_queue import forked_queue
 
 
 def main(kind: str) -> None:

@@ -3,7 +3,7 @@ gradients scaled by 0.25 (gradient_reduce_div_fusion on), used in a reduce-scatt
 buffers use it. Prints ``reduced <values>`` or ``refused <first line of the error>``, then
 ``config fusion <the config's setting afterwards>``.
 
-Run by tests/features/test_fsdp_reduce_unfused.py."""
+Run by tests/features/device/test_fsdp_reduce_unfused.py."""
 
 import sys
 

@@ -3,7 +3,7 @@ one line: ``dynamo=<torch._dynamo imported> lazy=<the router's compiled routing 
 feature's deferral> upstream=<what it wraps is router.py's function> patched=<the layer's
 patches of the module's classes applied (moe_device_balance wraps TopKRouter.routing)>``.
 
-Run by tests/features/test_lazy_compile.py."""
+Run by tests/features/startup/test_lazy_compile.py."""
 
 import sys
 

@@ -3,7 +3,7 @@ into torchrun's store and under restart_store's per-attempt prefix, then rank 1 
 restarted attempt each rank prints whether attempt 0's key is still there in each store
 (``rank R raw=... prefixed=...``).
 
-Run by tests/features/test_hang_watchdog.py (``torchrun -m``)."""
+Run by tests/features/reliability/test_hang_watchdog.py (``torchrun -m``)."""
 
 import datetime
 import os
@@ -11,7 +11,7 @@ import sys
 
 import torch.distributed as dist
 
-from megatron_musa_patch.features import restart_store
+from megatron_musa_patch.features.reliability import restart_store
 
 
 def main():

@@ -2,7 +2,7 @@
 timeout in seconds, and ``hang`` or ``keep``): the second step hangs in ``waits_forever`` until
 the watchdog ends the process, or keeps its deadline and the process exits cleanly.
 
-Run by tests/features/test_hang_watchdog.py."""
+Run by tests/features/reliability/test_hang_watchdog.py."""
 
 import sys
 import time

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.features import recompute as feature
 from megatron_musa_patch.lib.recompute import rules
 
@@ -159,7 +159,7 @@ def test_a_config_set_in_code_is_checked_when_a_layer_runs():
 
 
 def test_flags_of_a_broken_feature_fail_instead_of_doing_nothing():
-    from megatron_musa_patch.core.errors import FeatureUnavailableError
+    from megatron_musa_patch.base.errors import FeatureUnavailableError
     from megatron_musa_patch.lib.recompute import wrappers
 
     from tests.harness.sessions import make_session

@@ -1,4 +1,4 @@
-"""data_checks' split check, without ranks: which datasets megatron-core's builder would make over
+"""reliability.data_checks' split check, without ranks: which datasets megatron-core's builder would make over
 no document while asking samples of them (``data.splits``), computed from Megatron's own config
 and compared with its own split arithmetic; and the wrapper around
 ``BlendedMegatronDatasetBuilder.build`` (rank 0 refuses at once, the others after waiting for
@@ -150,7 +150,7 @@ def builder_of(cfg, sizes, cls=None):
 
 
 def test_rank_zero_refuses_at_once_and_the_others_after_waiting(tmp_path):
-    from megatron_musa_patch.features import data_checks
+    from megatron_musa_patch.features.reliability import data_checks
 
     builder = builder_of(config("99,1,0", [corpus(tmp_path, 50)]), [24, 16, 16])
     built, waited = [], []
@@ -169,7 +169,7 @@ def test_rank_zero_refuses_at_once_and_the_others_after_waiting(tmp_path):
 def test_a_split_that_reaches_documents_is_built_by_upstream(tmp_path):
     """--split 100,0,0 on the same 50 documents: upstream's own build runs and makes the
     training dataset (the .bin is needed now)."""
-    from megatron_musa_patch.features import data_checks
+    from megatron_musa_patch.features.reliability import data_checks
     from tests.harness.stock import write_bin_idx
 
     prefix = str(write_bin_idx(tmp_path / "docs_document", documents=50))
@@ -180,7 +180,7 @@ def test_a_split_that_reaches_documents_is_built_by_upstream(tmp_path):
 
 
 def test_other_dataset_classes_pass_through(tmp_path):
-    from megatron_musa_patch.features import data_checks
+    from megatron_musa_patch.features.reliability import data_checks
 
     class NotGPT:
         pass

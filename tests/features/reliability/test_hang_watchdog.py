@@ -1,6 +1,6 @@
-"""The hang watchdog (features/hang_watchdog.py, elastic/): its deadlines, that it really ends a
+"""The hang watchdog (features/reliability/hang_watchdog.py, elastic/): its deadlines, that it really ends a
 hung process with a report the launcher reads, what the launcher says from the reports, and the
-restarted group's store prefix (features/restart_store.py). The whole path through torchrun and
+restarted group's store prefix (features/reliability/restart_store.py). The whole path through torchrun and
 pretrain_gpt.py: tests/training/test_restarts.py."""
 
 import dataclasses
@@ -16,10 +16,10 @@ import wrapt
 
 from megatron_musa_patch.lib.elastic.failure_report import failure_report
 from megatron_musa_patch.lib.elastic import reports
-from megatron_musa_patch.lib.elastic.watchdog import HEADER, Deadlines
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.lib.elastic.watchdog import Deadlines
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.upstream.checkpoint_files import TRACKER
-from megatron_musa_patch.features import hang_watchdog, restart_store
+from megatron_musa_patch.features.reliability import hang_watchdog, restart_store
 
 from tests.conftest import probe_env, run_probe
 
@@ -187,7 +187,7 @@ def test_failure_report_before_a_restart_and_when_none_is_left(tmp_path):
 @pytest.fixture
 def launcher_side():
     """The launcher's records applied in this process, as mmp run applies them; undone after."""
-    from megatron_musa_patch import activation
+    from megatron_musa_patch.activation import launcher as activation
 
     side = activation.activate_launcher()
     yield side
@@ -199,7 +199,7 @@ def test_the_launchers_records_wrap_the_agent_and_are_undone(launcher_side):
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    from megatron_musa_patch import activation
+    from megatron_musa_patch.activation import launcher as activation
 
     wrapped = (LocalElasticAgent.__dict__["_monitor_workers"],
                api.SimpleElasticAgent.__dict__["_restart_workers"],
@@ -217,7 +217,7 @@ def test_the_launchers_records_wrap_the_agent_and_are_undone(launcher_side):
 
 
 def test_the_launchers_records_are_switched_off_like_any_feature(monkeypatch):
-    from megatron_musa_patch import activation
+    from megatron_musa_patch.activation import launcher as activation
 
     monkeypatch.setenv("MEGATRON_MUSA_PATCH_DISABLE", "reliability.elastic_agent")
     side = activation.launcher_side()
@@ -297,8 +297,8 @@ def test_the_restarted_attempt_gets_its_own_store_prefix_on_one_node():
 
 
 def test_header_format_is_what_the_reader_parses(tmp_path):
-    (tmp_path / "rank0.txt").write_text(HEADER.format(rank=0, pid=7, timeout=2.5,
-                                                      where="evaluation (x)"))
+    with open(reports.report_file(str(tmp_path), 0), "w") as report:
+        report.write(reports.header(0, 7, 2.5, "evaluation (x)"))
     assert reports.read(str(tmp_path))[0] == reports.RankReport(0, 7, 2.5, "evaluation (x)", "")
     reports.mark_frozen(str(tmp_path), 7)
     assert reports.read(str(tmp_path))[0].frozen

@@ -1,4 +1,4 @@
-"""features/forked_write_queue.py: the torch_dist writer's results queue is served by a manager
+"""startup.forked_write_queue: the torch_dist writer's results queue is served by a manager
 forked before the process groups exist (not spawned at the first save), ends with its rank, and
 the checkpoints are those upstream writes (the stock pretrain_gpt.py with the feature off)."""
 
@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from megatron_musa_patch.core.errors import PatchError
-from megatron_musa_patch.features import forked_write_queue as feature
+from megatron_musa_patch.base.errors import PatchError
+from megatron_musa_patch.features.startup import forked_write_queue as feature
 from tests.conftest import probe_env
 from tests.harness.stock import FIXTURES, run_stock
 
@@ -40,7 +40,7 @@ def test_a_release_without_the_writers_queue_is_refused_by_name(monkeypatch):
         feature.install_forked_queue()
     text = " ".join(str(caught.value).split())
     assert f"{feature.WRITER} has no _results_queue" in text
-    assert "MEGATRON_MUSA_PATCH_DISABLE=forked_write_queue" in text
+    assert "MEGATRON_MUSA_PATCH_DISABLE=startup.forked_write_queue" in text
 
 
 HOLDER = "tests.features.probes.forked_queue_holder"
@@ -91,7 +91,7 @@ def _saves(log):
 #: torch.distributed was up). CI's subset runs the feature; the comparison with upstream's
 #: spawned manager, in the whole stock suite, adds a start-up of the main module per rank
 VARIANTS = [pytest.param("", "fork:0", id="feature", marks=pytest.mark.ci),
-            pytest.param("forked_write_queue", "spawn:1", id="upstream")]
+            pytest.param("startup.forked_write_queue", "spawn:1", id="upstream")]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_each_rank_starts_one_manager_forked_before_its_process_groups(saved, di
 @pytest.mark.stock
 def test_the_run_and_its_checkpoint_are_upstreams(saved, lm_path):
     """The losses with the feature are upstream's, and the checkpoint loads in a new run."""
-    (feature, _, ckpt), (upstream, _, _) = saved(""), saved("forked_write_queue")
+    (feature, _, ckpt), (upstream, _, _) = saved(""), saved("startup.forked_write_queue")
     assert feature == upstream
     resumed, _, _ = run_stock(lm_path, ["--load", str(ckpt), "--finetune", "--no-load-optim",
                                         "--no-load-rng"], iters=1)

@@ -1,11 +1,11 @@
-"""features/lazy_compile.py: a megatron-core module's ``@torch.compile`` compiles at the first
+"""features/startup/lazy_compile.py: a megatron-core module's ``@torch.compile`` compiles at the first
 call, so ``import megatron.core`` does not import torch's compiler (from 0.17); the deferral's
 contract against a recording compiler."""
 
 import pytest
 import torch
 
-from megatron_musa_patch.features.lazy_compile import compile_deferred, lazy
+from megatron_musa_patch.features.startup.lazy_compile import compile_deferred, lazy
 from megatron_musa_patch.upstream import installed
 from megatron_musa_patch.upstream.ranges import contains
 from tests.conftest import printed_lines, run_probe, subprocess_env
@@ -68,7 +68,7 @@ def test_torch_compile_is_restored_after_the_block_even_on_failure():
     # MoE balancing features' wrappers were missing, their losses zero)
     ("", "dynamo=False lazy=True upstream=True patched=True"),
     # upstream, the feature off: the compiler is imported with megatron.core
-    ("lazy_compile", "dynamo=True lazy=False upstream=True patched=True"),
+    ("startup.lazy_compile", "dynamo=True lazy=False upstream=True patched=True"),
 ])
 def test_import_megatron_core_loads_torchs_compiler_only_without_the_feature(disable, expected):
     proc = run_probe(PROBE, env=subprocess_env(MEGATRON_MUSA_PATCH="1",

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron_musa_patch.lib.metrics import flops
-from megatron_musa_patch.features import throughput
+from megatron_musa_patch.features.logs import throughput
 from megatron_musa_patch.lib.metrics.peak_flops import Peak, lookup, measure_matmul, training_dtype
 
 from tests.conftest import run_probe, subprocess_env
@@ -199,7 +199,7 @@ def test_log_line_without_peak_and_other_messages():
 
 
 def test_device_peak_flag_must_be_positive():
-    from megatron_musa_patch.core.errors import ArgumentError
+    from megatron_musa_patch.base.errors import ArgumentError
 
     with pytest.raises(ArgumentError, match="--device-peak-tflops must be a positive number"):
         throughput.mmp_validate_args(args=SimpleNamespace(device_peak_tflops=-1.0))

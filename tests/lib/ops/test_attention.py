@@ -146,7 +146,7 @@ def _fake_module(softmax_scale, coeff=None, window=None, causal=True):
 
 
 def test_feature_glue_layer_scaling_and_sliding_window():
-    from megatron_musa_patch.features.flash_attention import run_core_attention
+    from megatron_musa_patch.features.fused_ops.flash_attention import run_core_attention
 
     q, k, v = _inputs(12, 12, 2, 4, 2, 16, 16, torch.float32)
     scale = 1 / math.sqrt(16)

@@ -84,7 +84,7 @@ def test_no_rows_at_all():
 
 
 def test_choice_override():
-    from megatron_musa_patch.core.errors import SettingsError
+    from megatron_musa_patch.base.errors import SettingsError
     from megatron_musa_patch.lib.ops import policy
     from megatron_musa_patch.core.settings import from_env
 

@@ -18,7 +18,7 @@ def main(kernels):
     importlib.import_module("megatron.core.models.gpt.gpt_model")
     print("IMPORTED", importlib.import_module(kernels).GLOBAL_BLOCK_SIZE)
     print("STATUS", [r.status for r in megatron_musa_patch.report()
-                     if r.id == "cuda_free_startup.paged_stash_without_triton"])
+                     if r.id == "startup.cuda_free_startup.paged_stash_without_triton"])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ def main(package_dir):
     sys.path.insert(0, package_dir)
     importlib.import_module("fakepkg")  # the package; its kernels module is executed below
     from megatron_musa_patch.upstream.triton_free import execute_without_triton
-    from megatron_musa_patch.core.errors import UnsupportedOnDeviceError
+    from megatron_musa_patch.base.errors import UnsupportedOnDeviceError
 
     module = types.ModuleType("fakepkg.kernels")
     sys.modules["fakepkg.kernels"] = module

@@ -26,13 +26,14 @@ import torch
 
 from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "DeepSeek-V2 device-level and communication balance losses, device-level capacity")
+    "DeepSeek-V2 device-level and communication balance losses, device-level capacity",
+    aliases=("moe_device_balance",))
 
 
 DEVICE_LOSS = "device_level_balancing_loss"

@@ -1,5 +1,5 @@
 """``--moe-complementary-seq-aux-loss``: DeepSeek-V3's complementary sequence-wise balance loss,
-as MT-Megatron computes it (a part of the MoE balance feature, ``moe_device_balance``).
+as MT-Megatron computes it (a part of the MoE balance feature, ``moe_mla_mtp.moe_device_balance``).
 
 With ``--moe-router-load-balancing-type seq_aux_loss`` upstream computes the per-sequence loss
 from per-token normalised scores, but counts each expert's load from a plain top-k of those
@@ -22,7 +22,7 @@ import torch
 
 from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
@@ -31,7 +31,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--moe-complementary-seq-aux-loss (DeepSeek-V3's loss on the routing that happened)",
-    after=("moe_device_balance",))
+    after=("moe_mla_mtp.moe_device_balance",),
+    aliases=("moe_device_balance.complementary_seq_aux_loss",))
 
 ROUTER = "megatron.core.transformer.moe.router:TopKRouter."
 LOSS_NAME = "seq_load_balancing_loss"

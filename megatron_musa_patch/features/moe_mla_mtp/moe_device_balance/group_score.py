@@ -1,6 +1,6 @@
 """``--moe-router-group-score max``: group-limited routing that scores a group by its best
 expert (DeepSeek-V2's device-limited routing, ``group_limited_greedy`` in its Hugging Face
-config; a part of the MoE balance feature, ``moe_device_balance``).
+config; a part of the MoE balance feature, ``moe_mla_mtp.moe_device_balance``).
 
 megatron-core's ``--moe-router-num-groups`` / ``--moe-router-group-topk`` score a group by the
 sum of its top ``topk / group-topk`` experts (DeepSeek-V3's node-limited rule). With ``max``
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
@@ -23,7 +23,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--moe-router-group-score max (a group scored by its best expert: DeepSeek-V2)",
-    after=("moe_device_balance.topk_prob_norm",))
+    after=("moe_mla_mtp.moe_device_balance.topk_prob_norm",),
+    aliases=("moe_device_balance.group_score",))
 
 ROUTER = "megatron.core.transformer.moe.router"
 MOE_UTILS = "megatron.core.transformer.moe.moe_utils"

@@ -1,6 +1,6 @@
 """``--moe-router-norm-topk-prob``: each token's selected expert probabilities normalised to sum
 1 before ``--moe-router-topk-scaling-factor`` (MT-Megatron's flag; a part of the MoE balance
-feature, ``moe_device_balance``).
+feature, ``moe_mla_mtp.moe_device_balance``).
 
 * With sigmoid scores and top-k > 1 megatron-core already normalises (the same formula):
   nothing changes. MT-Megatron's ``--moe-router-use-sigmoid`` *without* this flag leaves them
@@ -20,7 +20,7 @@ import torch
 
 from megatron_musa_patch.lib import moe_balance
 from megatron_musa_patch.upstream.binding import call_arguments
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
@@ -28,7 +28,8 @@ from megatron_musa_patch.core.feature import feature
 FEATURE = feature(
     __name__,
     "--moe-router-norm-topk-prob (and MT's unnormalised sigmoid without it)",
-    after=("moe_device_balance.complementary_seq_aux_loss",))
+    after=("moe_mla_mtp.moe_device_balance.complementary_seq_aux_loss",),
+    aliases=("moe_device_balance.topk_prob_norm",))
 
 ROUTER = "megatron.core.transformer.moe.router"
 

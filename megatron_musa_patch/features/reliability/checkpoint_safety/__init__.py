@@ -1,16 +1,14 @@
 """Checkpoints that a crash cannot make unusable, and resume that is exact
 (Megatron-LM's ``megatron.training.checkpointing``). One plugin per concern, each with its own
-switch (``checkpoint_safety`` means all of them):
+switch (``reliability.checkpoint_safety`` means all of them):
 
-* ``checkpoint_safety.atomic_tracker`` -- the tracker is replaced atomically;
-* ``checkpoint_safety.tracker_check`` -- a tracker that cannot be resumed from is an error;
-* ``checkpoint_safety.no_rewrite_of_loaded`` -- no in-place rewrite of the loaded checkpoint;
-* ``checkpoint_safety.legacy_format_experts`` -- ``--ckpt-format torch`` refused where it would
-  leave shards unsaved;
-* ``checkpoint_safety.exact_resume_rng`` -- the data iterators do not shift the CPU row's dropout
-  stream;
-* ``checkpoint_safety.async_snapshot`` -- an async save of host-memory tensors writes the state
-  of its iteration.
+* ``atomic_tracker`` -- the tracker is replaced atomically;
+* ``tracker_check`` -- a tracker that cannot be resumed from is an error;
+* ``no_rewrite_of_loaded`` -- no in-place rewrite of the loaded checkpoint;
+* ``legacy_format_experts`` -- ``--ckpt-format torch`` refused where it would leave shards
+  unsaved;
+* ``exact_resume_rng`` -- the data iterators do not shift the CPU row's dropout stream;
+* ``async_snapshot`` -- an async save of host-memory tensors writes the state of its iteration.
 """
 
 from .atomic_tracker import AtomicTextFile  # noqa: F401 - used by tests and tools

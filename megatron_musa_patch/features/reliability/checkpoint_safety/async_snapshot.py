@@ -21,7 +21,8 @@ from megatron_musa_patch.core.hookspecs import hookimpl
 FEATURE = feature(
     __name__,
     "an async save of host-memory tensors (CPU row) writes a snapshot of its iteration, as the "
-    "device-to-host copy makes one on a GPU")
+    "device-to-host copy makes one on a GPU",
+    aliases=("checkpoint_safety.async_snapshot",))
 
 
 WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async"

@@ -23,7 +23,8 @@ from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "latest_checkpointed_iteration.txt replaced atomically, never truncated in place")
+    "latest_checkpointed_iteration.txt replaced atomically, never truncated in place",
+    aliases=("checkpoint_safety.atomic_tracker",))
 
 TMP = ".mmp-tmp-"
 

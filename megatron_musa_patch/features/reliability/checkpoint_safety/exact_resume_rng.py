@@ -14,7 +14,8 @@ from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "building the data iterators leaves the host RNG (the CPU row's dropout) untouched")
+    "building the data iterators leaves the host RNG (the CPU row's dropout) untouched",
+    aliases=("checkpoint_safety.exact_resume_rng",))
 
 
 @hookimpl

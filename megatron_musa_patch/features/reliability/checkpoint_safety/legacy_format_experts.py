@@ -9,13 +9,14 @@ with the fix.
 
 from __future__ import annotations
 
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved")
+    "--ckpt-format torch refused where it would leave tensor-parallel shards unsaved",
+    aliases=("checkpoint_safety.legacy_format_experts",))
 
 
 @hookimpl

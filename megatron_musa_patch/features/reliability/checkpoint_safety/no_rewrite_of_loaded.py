@@ -20,7 +20,8 @@ from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing")
+    "no in-place rewrite of the loaded latest checkpoint by a job that trained nothing",
+    aliases=("checkpoint_safety.no_rewrite_of_loaded",))
 
 
 @hookimpl

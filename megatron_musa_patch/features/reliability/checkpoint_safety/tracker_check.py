@@ -18,7 +18,8 @@ from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
     __name__,
-    "an unreadable tracker, or one naming a missing checkpoint, is an error")
+    "an unreadable tracker, or one naming a missing checkpoint, is an error",
+    aliases=("checkpoint_safety.tracker_check",))
 
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 

@@ -1,5 +1,5 @@
 """One rank of the offload checks (run under torchrun by
-tests/features/cpu_offload/test_megatron_core.py).
+tests/features/offload/cpu_offload/test_megatron_core.py).
 
 Trains the harness's tiny megatron-core GPT (tests/harness/tiny_gpt.py, local spec) with the
 distributed optimizer once per optimizer configuration, in one process: every run starts from the

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from megatron_musa_patch.features import cpu_offload
+from megatron_musa_patch.features.offload import cpu_offload
 from megatron_musa_patch.lib.offload import dtypes
 
 from tests.conftest import run_probe, subprocess_env
@@ -95,7 +95,7 @@ def test_config_check_names_attributes_for_megatron_core_users():
 
 
 def test_optimizer_config_without_te_activated():
-    proc = run_probe("tests.features.cpu_offload.probes.optimizer_configs",
+    proc = run_probe("tests.features.offload.cpu_offload.probes.optimizer_configs",
                      env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu"))
     assert "RESULT" in proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])

@@ -1,7 +1,7 @@
 """CPU-offload optimizer and precision-aware optimizer on megatron-core, 2 CPU ranks (gloo).
 
 megatron-core's ``HybridDeviceOptimizer`` under the distributed optimizer, with the device
-decisions made by the CPU row (tests/features/cpu_offload/offload_worker.py): 20 steps in DP2
+decisions made by the CPU row (tests/features/offload/cpu_offload/offload_worker.py): 20 steps in DP2
 and TP2, fp32.
 
 Tolerance against the run without offload: 1e-5 per step. The hybrid optimizer's sub-optimizers
@@ -27,7 +27,7 @@ from tests.harness.tiny_gpt import max_abs_diff, torchrun_json
 
 pytestmark = pytest.mark.ranks
 
-WORKER = "tests.features.cpu_offload.offload_worker"
+WORKER = "tests.features.offload.cpu_offload.offload_worker"
 TOLERANCE = 1e-5
 STEPS = 20
 OFFLOAD = ["f1", "f0.5", "f1+overlap", "f0.5+overlap"]

@@ -3,7 +3,7 @@ upstream's optimizer-offload and precision-aware flags. Needs MEGATRON_LM_PATH.
 
 Tolerance against the run without offload: 1e-5 per logged loss (the log prints 6 decimals; the
 hybrid optimizer's fused AdamW and the plain single-tensor AdamW round differently in the last bit,
-see tests/features/cpu_offload/test_megatron_core.py). Runs that differ only in where parameters are
+see tests/features/offload/cpu_offload/test_megatron_core.py). Runs that differ only in where parameters are
 stepped, and a resumed job against the uninterrupted one, are compared exactly.
 """
 

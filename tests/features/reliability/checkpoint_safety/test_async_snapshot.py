@@ -1,4 +1,4 @@
-"""features/checkpoint_safety/async_snapshot.py: the async writer's preloading copies a
+"""features/reliability/checkpoint_safety/async_snapshot.py: the async writer's preloading copies a
 host-memory tensor held in shared memory (the trainer's, handed to the persistent worker), so
 what is written is the iteration's state whatever the trainer does next; a synchronous save's
 tensors (not shared) and a device-to-host copy are passed through."""
@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from megatron_musa_patch.features.checkpoint_safety.async_snapshot import (
+from megatron_musa_patch.features.reliability.checkpoint_safety.async_snapshot import (
     _with_snapshot_preload, snapshot_preload)
 
 

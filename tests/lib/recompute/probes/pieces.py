@@ -14,7 +14,7 @@ import torch
 from tests.features.recompute import recompute_layer
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel import layers, random as tp_random
-from megatron_musa_patch.core.errors import FeatureUnavailableError
+from megatron_musa_patch.base.errors import FeatureUnavailableError
 from megatron_musa_patch.lib.recompute import blocks, deferred, wrappers
 from megatron_musa_patch.lib.recompute.norm_output import NormOutput
 

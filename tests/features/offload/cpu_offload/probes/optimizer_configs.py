@@ -2,7 +2,7 @@
 activated layer (no TransformerEngine): prints ``RESULT{json}``, each case accepted (with the
 resulting flags) or refused (with the message), and the status of the feature's patches.
 
-Run by tests/features/cpu_offload/test_flags.py."""
+Run by tests/features/offload/cpu_offload/test_flags.py."""
 
 import json
 
@@ -10,7 +10,7 @@ import torch
 import megatron_musa_patch
 
 from megatron.core.optimizer import OptimizerConfig
-from megatron_musa_patch.core.errors import ArgumentError
+from megatron_musa_patch.base.errors import ArgumentError
 
 CASES = {
     "aware": dict(use_precision_aware_optimizer=True),
@@ -33,7 +33,7 @@ def main():
         except ArgumentError as e:
             out[name] = ["refused", str(e)]
     registry = megatron_musa_patch.active_session().registry
-    out["patches"] = {r.id: r.status for r in registry.results() if r.feature == "cpu_offload"}
+    out["patches"] = {r.id: r.status for r in registry.results() if r.feature == "offload.cpu_offload"}
     print("RESULT" + json.dumps(out))
 
 

@@ -1,0 +1,1 @@
+"""CPU offload: the optimizer's state and step on the host (``offload.cpu_offload``)."""

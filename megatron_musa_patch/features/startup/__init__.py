@@ -1,0 +1,1 @@
+"""Start-up without CUDA tools and without work a rank does not need before its first step."""
