@@ -406,3 +406,28 @@ def test_a_record_kind_is_typed_and_prints_as_its_word():
     with pytest.raises(RecordError, match=r"patch x.bad: kind must be one of \('wrap', 'replace', "
                                           r"'attribute', 'module'\), not 'wrapp'"):
         Patch("x.bad", "json:dumps", "wrapp", lambda *a: None, "x", megatron=ANY)
+
+
+def test_a_launcher_packages_record_is_gated_on_its_release():
+    """``distribution``: the third-party package a target belongs to and the releases the record
+    was verified with (dlrover's, nvidia-resiliency-ext's). Another installed release: tried,
+    unverified; not installed: nothing to check (its module is never imported); a requirement
+    without releases is refused. pluggy stands in for the launcher (a requirement of ours)."""
+    from megatron_musa_patch.core.records import RecordError
+
+    installed = versions.distribution_version("pluggy")
+    reg = Registry("cpu")
+    same = Patch("d.same", "pluggy:PluginManager", "wrap", None, "d", megatron=ANY,
+                 distribution=f"pluggy=={installed}")
+    other = Patch("d.other", "pluggy:PluginManager", "wrap", None, "d", megatron=ANY,
+                  distribution="pluggy==0.0.1")
+    absent = Patch("d.absent", "no_such_package_mmp.mod:run", "wrap", None, "d",
+                   megatron=ANY, distribution="no-such-package-mmp==1.0")
+    assert reg.verdict(same) == ("applied", "")
+    assert reg.verdict(other) == ("unverified", f"verified with pluggy ==0.0.1, not the installed "
+                                                f"{installed}: re-verify it and move the range")
+    assert reg.verdict(absent) == ("applied", "")
+    assert reg.resolve(absent) == ("not installed", "no-such-package-mmp is not installed (the "
+                                                    "record waits for its import)")
+    with pytest.raises(RecordError, match="bad distribution 'pluggy'"):
+        Patch("d.bad", "pluggy:x", "wrap", None, "d", megatron=ANY, distribution="pluggy")
