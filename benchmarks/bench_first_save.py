@@ -1,7 +1,7 @@
 """The first torch_dist checkpoint save of the stock pretrain_gpt.py, with the feature
 ``startup.forked_write_queue`` (as shipped: the writer's results manager forked before the process
 groups) against without it (upstream's manager, spawned at the first save:
-``MEGATRON_MUSA_PATCH_DISABLE=forked_write_queue``), side by side in one run.
+``MEGATRON_MUSA_PATCH_DISABLE=startup.forked_write_queue``), side by side in one run.
 
 Each launch is ``mmp run`` on 2 CPU ranks of the tests' tiny GPT, saving at iterations 2 and 4.
 A save's time is Megatron's own, from its "saving checkpoint at iteration" line to its

@@ -238,7 +238,8 @@ def feature_docs() -> tuple:
     from megatron_musa_patch.core.registry import Registry
     from megatron_musa_patch.activation.session import Session
     from megatron_musa_patch.core.settings import Settings
-    from megatron_musa_patch.core.toggles import groups
+    from megatron_musa_patch.activation.launcher import launcher_side
+    from megatron_musa_patch.core.toggles import groups, names_of
     from megatron_musa_patch.device.rows import ROWS
     from megatron_musa_patch.device.select import mapping
     from megatron_musa_patch.features import BUILTIN
@@ -250,10 +251,7 @@ def feature_docs() -> tuple:
     registry = Registry(device.name, toggles(pm, settings), rows=tuple(ROWS))
     session = Session(settings=settings, device=device, registry=registry, plugins=pm)
     pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
-    from megatron_musa_patch.lib.elastic.supervision import Supervision
-
-    launcher = Registry("launcher", toggles(pm, settings))
-    pm.hook.mmp_register_launcher_patches(registry=launcher, supervision=Supervision())
+    launcher = launcher_side(settings, load_entry_points=False).registry
     add_plugin_arguments(session, argparse.ArgumentParser(add_help=False))
     names = [m.FEATURE.name for m in BUILTIN]
     docs = {}
@@ -272,7 +270,10 @@ def feature_docs() -> tuple:
     for name in groups(names) - set(names):
         docs[name] = FeatureDoc(name, "")
     for name, doc in docs.items():
-        doc.parts = tuple(sorted(o for o in docs if o != name and _matches(name, o)))
+        # what a toggle of this name switches (a group keeps out the features that joined it)
+        doc.parts = tuple(sorted(o for o in docs if o != name and docs[o].declared is not None
+                                 and name in names_of(o, docs[o].declared.aliases,
+                                                      docs[o].declared.kept_out)))
     return tuple(docs[n] for n in sorted(docs))
 
 

@@ -5,10 +5,11 @@ dlrover-run's or ft_launcher's agent -- gated by the same toggles and releases a
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Optional
 
+from ..base.errors import MegatronMusaPatchError
 from ..core import settings as settings_module
-from ..upstream import installed
 
 #: the launcher-side records' state in this process (``mmp run``, or a launcher's agent)
 _LAUNCHER: Optional["LauncherSide"] = None
@@ -26,7 +27,8 @@ class LauncherSide:
     supervision: Any
 
 
-def launcher_side(settings: Optional[settings_module.Settings] = None) -> LauncherSide:
+def launcher_side(settings: Optional[settings_module.Settings] = None,
+                  load_entry_points: bool = True) -> LauncherSide:
     """The launcher's records, registered and gated by the same toggles and releases as the
     ranks', not applied (``mmp doctor`` previews them)."""
     settings = settings or settings_module.from_env()
@@ -35,10 +37,9 @@ def launcher_side(settings: Optional[settings_module.Settings] = None) -> Launch
     from ..features import BUILTIN
     from ..lib.elastic.supervision import Supervision
 
-    pm = plugins.make_manager(settings, BUILTIN)
+    pm = plugins.make_manager(settings, BUILTIN, load_entry_points=load_entry_points)
     registry = Registry("launcher", plugins.toggles(pm, settings),
-                        allow_unverified=settings.allow_unverified,
-                        torch_version=installed.torch_version())
+                        allow_unverified=settings.allow_unverified)
     supervision = Supervision()
     pm.hook.mmp_register_launcher_patches(registry=registry, supervision=supervision)
     return LauncherSide(registry, supervision)
@@ -68,8 +69,17 @@ def activate_launcher_on_import(launcher: str) -> None:
 
     from ..lib.elastic.launchers import LAUNCHERS
 
-    wrapt.register_post_import_hook(lambda module: activate_launcher(),
-                                    LAUNCHERS[launcher].module)
+    wrapt.register_post_import_hook(_activate_in_agent, LAUNCHERS[launcher].module)
+
+
+def _activate_in_agent(module) -> None:
+    """A refusal (a misspelt toggle, a plugin's error, a strict record) is its paragraph and the
+    agent's exit status, not a traceback from inside the launcher's import."""
+    try:
+        activate_launcher()
+    except MegatronMusaPatchError as exc:
+        print(exc.render(), file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
 
 
 def deactivate_launcher() -> None:

@@ -23,7 +23,9 @@ import heapq
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from megatron_musa_patch.base.errors import PluginError
-from .records import VERIFIED, Patch, patches_at
+from .records import VERIFIED, Patch, layer_range, patches_at
+from .toggles import names_of
+from megatron_musa_patch.upstream import tables
 
 FEATURES_PACKAGE = "megatron_musa_patch.features"
 
@@ -52,16 +54,23 @@ class Feature:
 
     def patch(self, part: str, target: str, kind: str, impl: Any, **fields: Any) -> Patch:
         """This feature's record ``part`` (``core.records.Patch``). A built-in feature's record
-        takes the layer's verified megatron-core range unless it names one."""
-        if self.builtin:
-            fields.setdefault("megatron", VERIFIED)
-        return Patch(self.record_id(part), target, kind, impl, self.name, **fields)
+        takes what its ranges leave open from the layer's verified ones (``records.layer_range``);
+        an external plugin's names them."""
+        return Patch(self.record_id(part), target, kind, impl, self.name, **self._ranges(fields))
 
     def patches_at(self, name: str, part: str, kind: str, impl: Any, **fields: Any) -> list:
         """This feature's records on the logical target ``name`` (``core.records.patches_at``)."""
-        if self.builtin:
-            fields.setdefault("megatron", VERIFIED)
-        return patches_at(name, self.record_id(part), kind, impl, self.name, **fields)
+        return patches_at(name, self.record_id(part), kind, impl, self.name,
+                          **self._ranges(fields))
+
+    def _ranges(self, fields: dict) -> dict:
+        if not self.builtin:
+            return fields
+        fields = dict(fields, megatron=layer_range(fields.get("megatron", VERIFIED),
+                                                   tables.MEGATRON_VERIFIED))
+        if fields.get("torch") is not None:
+            fields["torch"] = layer_range(fields["torch"], tables.TORCH_VERIFIED)
+        return fields
 
 
 def feature(module_name: str, description: str, *, required: bool = False,
@@ -102,9 +111,10 @@ def ordered(plugins: Iterable[Any]) -> List[Any]:
     preds: Dict[str, set] = {name: set() for name in by_name}
     for name, d in decl.items():
         for wanted in d.after:
-            # a feature of that name, else the group of that name
+            # the features a toggle of that name switches: a feature, its earlier name, a group
             matched = [wanted] if wanted in by_name else [
-                o for o in by_name if o != name and o.startswith(wanted + ".")]
+                o for o in by_name if o != name and
+                wanted in names_of(o, decl[o].aliases, decl[o].kept_out)]
             if not matched:
                 raise PluginError(f"feature '{name}' is declared after '{wanted}', which names no "
                                   f"feature; fix the name in its feature(..., after=...).")

@@ -2,9 +2,10 @@
 
 Built-in features and external plugins (entry-point group ``megatron_musa_patch``) implement
 these hooks with ``@hookimpl``; a plugin implements only the hooks it needs, and each
-implementation takes only the arguments it needs (pluggy passes them by name). Every hook gets
-``session`` (``megatron_musa_patch.activation.session.Session``): the settings, the device, the registry,
-the plugin manager and per-run state, as pytest hands ``config`` to its hooks. A plugin binds the
+implementation takes only the arguments it needs (pluggy passes them by name). Every hook of the
+ranks gets ``session`` (``megatron_musa_patch.activation.session.Session``): the settings, the
+device, the registry, the plugin manager and per-run state, as pytest hands ``config`` to its
+hooks (the launcher's hook gets the launcher's state instead). A plugin binds the
 session into the patches it registers (``functools.partial``) rather than looking it up later.
 
 A plugin module also declares itself as ``FEATURE`` (``core.feature``): its name, dotted for a

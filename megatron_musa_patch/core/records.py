@@ -8,11 +8,10 @@ Kinds (:class:`Kind`):
                      imported here (target ``package.module:*``); served only while the real
                      module has not been imported.
 
-A record declares the releases it was verified on, or takes the layer's (``VERIFIED``: the
-ranges ``upstream/tables.py`` moves when a release is verified as a whole); :func:`patches_at`
-makes one record per location a renamed upstream object had across the releases
-(``upstream/targets.py``). Features make their records through ``Feature.patch``, which names
-the feature and the record's id after it.
+A record declares the releases it was verified on; a built-in feature's record takes what it
+leaves open from the layer's (``VERIFIED``: the ranges ``upstream/tables.py`` moves when a
+release is verified as a whole, through ``Feature.patch``). :func:`patches_at` makes one record
+per location a renamed upstream object had across the releases (``upstream/targets.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +24,9 @@ from megatron_musa_patch.base.errors import PluginError
 from megatron_musa_patch.upstream import tables, targets
 from megatron_musa_patch.upstream.ranges import Range, completed
 
-#: a range that is the layer's verified one (``tables.MEGATRON_VERIFIED`` / ``TORCH_VERIFIED``):
-#: what a record that says nothing of megatron-core gets, and what ``torch=VERIFIED`` asks for
+#: for a built-in feature's record (``Feature.patch``): the layer's verified range
+#: (``tables.MEGATRON_VERIFIED`` / ``TORCH_VERIFIED``), what a record that says nothing of
+#: megatron-core gets and what ``torch=VERIFIED`` asks for
 VERIFIED = "verified"
 
 
@@ -57,18 +57,16 @@ class Patch:
     #: the device rows the record is for (names from the device table); None: every row
     devices: Optional[frozenset] = None
     #: the megatron-core releases the record applies to and was verified on
-    #: (``upstream/ranges.py``): the lower bound is where it starts to apply, the upper the
-    #: first release it was not verified on. ``VERIFIED`` is the layer's verified range (a
-    #: built-in feature's default, ``Feature.patch``); a bound left open is that range's
-    #: (``">=0.17.1"`` starts at 0.17.1 and was verified as far as the layer was); an upper bound
-    #: below the layer's says the record was verified on less. A release after it shows the
-    #: record as unverified (tried, and reported) until someone re-verifies it. Records of one
-    #: ``id`` with disjoint ranges are variants of one logical patch: the one whose range holds
-    #: the installed release applies. Stored completed; an external plugin's record names it.
+    #: (``upstream/ranges.py``), with both bounds: the lower bound is where it starts to apply,
+    #: the upper the first release it was not verified on. A release after it shows the record
+    #: as unverified (tried, and reported) until someone re-verifies it. Records of one ``id``
+    #: with disjoint ranges are variants of one logical patch: the one whose range holds the
+    #: installed release applies. A built-in feature's record leaves to ``Feature.patch`` what
+    #: it does not say (:func:`layer_range`).
     megatron: str = dataclasses.field(default="", kw_only=True)
-    #: the torch releases likewise (``VERIFIED`` or a range); required for records that patch
-    #: torch and for those whose code reaches torch's private names
-    #: (``tests/upstream/test_compatibility.py``); None: not gated on torch
+    #: the torch releases likewise; required for records that patch torch and for those whose
+    #: code reaches torch's private names (``tests/upstream/test_compatibility.py``); None: not
+    #: gated on torch
     torch: Optional[str] = dataclasses.field(default=None, kw_only=True)
     #: the third-party package the target belongs to and the releases the record was verified
     #: with, as a requirement (``"dlrover==0.6.1"``): another installed release shows it as
@@ -96,14 +94,12 @@ class Patch:
                               f"{tuple(k.value for k in Kind)}, not {self.kind!r}") from None
         if ":" not in self.target:
             raise RecordError(f"patch {self.id}: target must look like 'module:Qual.name'")
-        object.__setattr__(self, "megatron",
-                           _completed(self, "megatron", self.megatron, tables.MEGATRON_VERIFIED))
         _check_range(self, "megatron", self.megatron, tables.MEGATRON)
         if self.torch is None and self.module.split(".")[0] == "torch":
             raise RecordError(
                 f"patch {self.id} (feature '{self.feature}') patches torch ({self.target}) but "
-                f"names no torch range: give torch=VERIFIED (core/records.py: the layer's "
-                f"{tables.TORCH_VERIFIED}) or the releases it was verified on")
+                f"names no torch range: give the releases it was verified on, e.g. "
+                f"torch='{tables.TORCH_VERIFIED}' (a built-in feature: torch=VERIFIED)")
         if self.distribution:
             try:
                 _, spec = self.distribution_range
@@ -113,8 +109,6 @@ class Patch:
                 raise RecordError(f"patch {self.id}: bad distribution {self.distribution!r}: "
                                   f"{exc}") from exc
         if self.torch is not None:
-            object.__setattr__(self, "torch",
-                               _completed(self, "torch", self.torch, tables.TORCH_VERIFIED))
             _check_range(self, "torch", self.torch, tables.TORCH)
 
     @property
@@ -144,15 +138,19 @@ class Patch:
         return self.target.split(":", 1)[1]
 
 
-def _completed(patch: Patch, name: str, spec: str, verified: str) -> str:
+def layer_range(spec: Optional[str], verified: str) -> Optional[str]:
+    """A built-in record's range as written, with what it leaves open taken from the layer's
+    verified range ``verified``: ``VERIFIED`` is that range, ``">=0.17.1"`` starts at 0.17.1 and
+    was verified as far as the layer was, an upper bound below the layer's says the record was
+    verified on less. None and "" stay (not gated; refused)."""
     if spec == VERIFIED:
         return verified
     if not spec:
-        return spec  # refused by _check_range, naming what to write
+        return spec
     try:
         return completed(spec, verified)
-    except ValueError as exc:
-        raise RecordError(f"patch {patch.id}: bad {name} range {spec!r}: {exc}") from exc
+    except ValueError:
+        return spec  # the record refuses it with the paragraph
 
 
 def _check_range(patch: Patch, name: str, spec: Optional[str], table) -> None:
@@ -175,8 +173,8 @@ def _check_range(patch: Patch, name: str, spec: Optional[str], table) -> None:
             f"bounds (the upper is the first release it was not verified on), e.g. {example!r}")
 
 
-def patches_at(name: str, patch_id: str, kind: str, impl, feature: str, *,
-               megatron: str = VERIFIED, attribute: str = "", **fields) -> list:
+def patches_at(name: str, patch_id: str, kind: str, impl, feature: str, *, megatron: str,
+               attribute: str = "", **fields) -> list:
     """The records of one patch on the logical target ``name``: one variant per location that
     the feature's verified range ``megatron`` reaches, each cut to it (``impl`` may map each
     location's flavour to its implementation; ``attribute`` names the attribute when ``name``
@@ -184,8 +182,7 @@ def patches_at(name: str, patch_id: str, kind: str, impl, feature: str, *,
     ``upstream/targets.py``'s ``GONE``."""
     extra_rebind = tuple(fields.pop("rebind", ()))
     ends = fields.pop("ends", "")
-    verified = Range.parse(tables.MEGATRON_VERIFIED if megatron == VERIFIED else
-                           completed(megatron, tables.MEGATRON_VERIFIED))
+    verified = Range.parse(megatron)
     out = []
     for location in targets.variants(name):
         where = Range.parse(location.range)

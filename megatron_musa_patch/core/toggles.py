@@ -5,8 +5,8 @@ them. ``MEGATRON_MUSA_PATCH_DISABLE=fused_ops`` switches the whole group off,
 ``...=fused_ops.rope`` that one fusion; ``MEGATRON_MUSA_PATCH_ONLY=fused_ops`` keeps every fusion
 (and the required features). A name that is neither a feature nor a group of features is an error:
 a typo must not leave a feature on unnoticed. A feature that moved keeps its earlier names
-(``Feature.aliases``: ``device.collectives`` is ``device.collectives``), and a group name keeps meaning
-the features it named before others joined it (``Feature.kept_out``).
+(``Feature.aliases``: ``collectives`` is now ``device.collectives``), and a group name keeps
+meaning the features it named before others joined it (``Feature.kept_out``).
 """
 
 from __future__ import annotations

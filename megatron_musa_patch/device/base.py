@@ -3,7 +3,7 @@
 Megatron is written against ``torch.cuda``, the ``"cuda"`` device string and the ``nccl``
 backend. A :class:`DeviceMapping` says what those mean on one device: which torch device type, which
 module implements the ``torch.cuda`` API, which collective backend. Everything that rewrites
-Megatron's view (``features/device.py``, ``features/device/collectives.py``) reads the row, so the
+Megatron's view (``features/device/__init__.py``, ``features/device/collectives.py``) reads the row, so the
 code CI exercises on the CPU row is the code that runs on the MUSA row.
 """
 

@@ -5,7 +5,7 @@ Each builder takes the row and the original torch object and returns a plain Pyt
 replacement checks one argument and calls the original.
 
 Which torch names are replaced, and why, is listed as patch records in
-``features/device.py``; this module only knows how.
+``features/device/__init__.py``; this module only knows how.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ import os
 import sys
 
 from megatron_musa_patch.upstream import conditions
-from megatron_musa_patch.core.settings import PREFIX, TORCHADA_FORCE_ENV
+from megatron_musa_patch.core.settings import TORCHADA_ENV, TORCHADA_FORCE_ENV
 
 MODULE = "torchada"
 #: the release the coverage was measured on (setup.py's musa extra pins it)
 TESTED_VERSION = "0.1.103"
-SWITCH = f"{PREFIX}_TORCHADA"
+SWITCH = TORCHADA_ENV
 EXTRA = 'pip install "megatron-musa-patch[musa]"'
 
 

@@ -82,3 +82,21 @@ def test_the_ft_package_fix_stays_out_of_a_job_without_it(monkeypatch):
 def test_the_entry_is_read_past_the_interpreters_own_options(monkeypatch, argv, entry):
     monkeypatch.setattr(sys, "orig_argv", argv)
     assert boot._entry() == entry
+
+
+def test_a_refusal_in_the_agent_is_its_paragraph(tmp_path):
+    """The launcher's records are read when dlrover-run's module is imported: a misspelt toggle
+    there is the settings' paragraph and exit 2, not a traceback from inside the import."""
+    shutil.copytree(FIXTURES / "fake_dlrover", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "dlrover-run"
+    shutil.copy(AGENT, script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_MUSA_PATCH")}
+    env.update(MEGATRON_MUSA_PATCH="1", PYTHONPATH=str(tmp_path),
+               MEGATRON_MUSA_PATCH_DISABLE="reliability.elastic_agnet")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert ("MEGATRON_MUSA_PATCH_DISABLE names an unknown feature 'reliability.elastic_agnet' "
+            "(did you mean 'reliability.elastic_agent'?)") in " ".join(proc.stderr.split())

@@ -88,3 +88,14 @@ def test_a_rank_killed_from_outside_is_not_blamed_on_its_peer_s_lost_connection(
     text = failure_report(failures, [], errors=errors)
     assert text.startswith("mmp run: rank 1 (local rank 1, pid 101) was killed by SIGKILL"), text
     assert "rank 0 (exit 1: it lost its connection)" in text
+
+
+def test_an_earlier_attempts_errors_are_not_blamed(tmp_path, monkeypatch):
+    """Restarted without the launcher's records (reliability.elastic_agent off), nothing clears
+    the directory between attempts: only the latest attempt's reports count."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    reports.write_error(str(tmp_path), 0, AssertionError("attempt 0's"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    reports.write_error(str(tmp_path), 1, ValueError("attempt 1's"))
+    found = reports.read_errors(str(tmp_path))
+    assert list(found) == [1] and found[1].attempt == 1 and found[1].said() == "ValueError: attempt 1's"

@@ -106,3 +106,24 @@ def test_kept_out_and_aliases_in_the_decision_itself():
                      aliases={"h.c": ("c",)}, kept_out={"g.b": ("g",)})
     assert decided.off == {"g.a"}
     assert decide({"h.c": False}, ["c"], None, aliases={"h.c": ("c",)}).off == {"h.c"}
+
+
+def test_after_takes_earlier_names_and_keeps_group_meanings():
+    """A plugin ordered after an earlier name follows the feature that had it; after a group
+    name, the features that name switches (not those kept out of it)."""
+    import types
+
+    from megatron_musa_patch.core.feature import Feature, ordered
+
+    def plugin(name, **kw):
+        return types.SimpleNamespace(FEATURE=Feature(name, "", **kw))
+
+    moved = plugin("zz.watchdog", aliases=("a_watchdog",))
+    joined = plugin("g.zlate", kept_out=("g",))
+    member = plugin("g.member")
+    after_alias = plugin("aa", after=("a_watchdog",))
+    after_group = plugin("ab", after=("g",))
+    order = [p.FEATURE.name for p in ordered([after_alias, after_group, moved, joined, member])]
+    assert order.index("zz.watchdog") < order.index("aa")
+    # after g: after its member, not after the one kept out (which sorts later by name)
+    assert order.index("g.member") < order.index("ab") < order.index("g.zlate")

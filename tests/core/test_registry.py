@@ -345,32 +345,26 @@ def test_bad_records_are_rejected():
 
 
 def test_every_record_declares_bounded_ranges():
-    """No implicit default for a plugin's record: one without its megatron-core range, or a
-    torch record without its torch range, is refused when it is made, naming what to write. A
-    bound left open is the layer's verified range's (upstream/tables.py), and ``VERIFIED`` is
-    that range."""
+    """No implicit default for a plugin's record: one without its megatron-core range, with an
+    open or an empty one, or a torch record without its torch range is refused when it is made,
+    naming what to write."""
     for empty in ("", None):
         with pytest.raises(ValueError, match=r"names no megatron range: records declare the "
                                              r"releases they were verified on, e\.g\. "
                                              r"megatron='>=0\.16\.1,<0\.20'"):
             Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=empty)
-    assert tables.MEGATRON_VERIFIED == ">=0.16.1,<0.20" and tables.TORCH_VERIFIED == ">=2.11,<2.16"
-    assert Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=">=0.18").megatron == \
-        ">=0.18,<0.20"
-    assert Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron="<0.19").megatron == \
-        ">=0.16.1,<0.19"
-    assert Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=VERIFIED).megatron == \
-        tables.MEGATRON_VERIFIED
+    for open_ in (">=0.18", VERIFIED):
+        with pytest.raises(ValueError, match="needs both bounds|bad megatron range"):
+            Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=open_)
     with pytest.raises(ValueError, match="holds no release"):
-        Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=">=0.21")
+        Patch("x", "megatron.core.x:y", "wrap", None, "f", megatron=">=0.21,<0.20")
     with pytest.raises(ValueError, match=r"patches torch \(torch:zeros\) but names no torch "
-                                         r"range: give torch=VERIFIED \(core/records\.py: the "
-                                         r"layer's >=2\.11,<2\.16\)"):
+                                         r"range: give the releases it was verified on, e\.g\. "
+                                         r"torch='>=2\.11,<2\.16'"):
         Patch("x", "torch:zeros", "replace", None, "f", megatron=ANY)
-    assert Patch("x", "torch:zeros", "replace", None, "f", megatron=ANY,
-                 torch="<2.16").torch == ">=2.11,<2.16"
-    assert Patch("x", "torch:zeros", "replace", None, "f", megatron=ANY,
-                 torch=VERIFIED).torch == ">=2.11,<2.16"
+    with pytest.raises(ValueError, match="needs both bounds"):
+        Patch("x", "torch:zeros", "replace", None, "f", megatron=ANY, torch="<2.16")
+    Patch("x", "torch:zeros", "replace", None, "f", megatron=ANY, torch=">=2.11,<2.16")
     # a plugin's record without ranges stops activation with the paragraph, not a traceback
     with pytest.raises(PluginError, match="names no megatron range"):
         Patch("x", "megatron.core.x:y", "wrap", None, "f")
@@ -381,20 +375,31 @@ def test_every_record_declares_bounded_ranges():
 
 
 def test_a_built_in_features_records_take_the_layers_verified_range():
-    """``Feature.patch`` names the record after its feature; a built-in feature's record that
-    says nothing of megatron-core was verified with the layer; an external plugin's names its
-    range (a ``Feature`` it declares itself is not built in)."""
+    """``Feature.patch`` names the record after its feature; a built-in feature's record takes
+    what its ranges leave open from the layer's verified ones (upstream/tables.py): nothing
+    said, the whole range; a lower bound alone, from there on; an upper bound below the layer's,
+    verified on less. An external plugin's ``Feature`` names its ranges."""
     from megatron_musa_patch.core.feature import Feature, feature
 
+    assert tables.MEGATRON_VERIFIED == ">=0.16.1,<0.20" and tables.TORCH_VERIFIED == ">=2.11,<2.16"
     built_in = feature("megatron_musa_patch.features.group.part", "a test feature")
     record = built_in.patch("one", "megatron.core.x:y", "wrap", None)
-    assert (record.id, record.feature, record.megatron) == (
-        "group.part.one", "group.part", tables.MEGATRON_VERIFIED)
+    assert (record.id, record.feature, record.megatron, record.torch) == (
+        "group.part.one", "group.part", tables.MEGATRON_VERIFIED, None)
     assert built_in.patch("", "megatron.core.x:y", "wrap", None).id == "group.part"
-    assert built_in.patch("two", "megatron.core.x:y", "wrap", None,
-                          megatron=">=0.18,<0.19").megatron == ">=0.18,<0.19"
+    ranges = {spec: built_in.patch("r", "megatron.core.x:y", "wrap", None, megatron=spec).megatron
+              for spec in (">=0.18", "<0.19", ">=0.18,<0.19", VERIFIED)}
+    assert ranges == {">=0.18": ">=0.18,<0.20", "<0.19": ">=0.16.1,<0.19",
+                      ">=0.18,<0.19": ">=0.18,<0.19", VERIFIED: ">=0.16.1,<0.20"}
+    assert built_in.patch("t", "torch:zeros", "replace", None, torch=VERIFIED).torch == \
+        ">=2.11,<2.16"
+    with pytest.raises(ValueError, match="holds no release"):
+        built_in.patch("late", "megatron.core.x:y", "wrap", None, megatron=">=0.21")
     with pytest.raises(PluginError, match="names no megatron range"):
         Feature("external", "a plugin's").patch("x", "megatron.core.x:y", "wrap", None)
+    with pytest.raises(PluginError, match="needs both bounds"):
+        Feature("external", "a plugin's").patch("x", "megatron.core.x:y", "wrap", None,
+                                                megatron=">=0.18")
 
 
 def test_a_record_kind_is_typed_and_prints_as_its_word():

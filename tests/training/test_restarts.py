@@ -321,7 +321,7 @@ def assert_engine_report(log, engine, pid, send, ckpt):
 def test_dlrover_run_restarts_the_group_through_the_env_hook(lm_path, tmp_path, continuous,
                                                              send):
     """MEGATRON_MUSA_PATCH=1 dlrover-run --standalone --max-restarts 2: the workers activate the
-    layer, the agent gets mmp run's side (launch.supervise: the reports, the stop signal reaching
+    layer, the agent gets mmp run's side (the launcher's records: the reports, the stop signal reaching
     a frozen rank at once) and dlrover 0.6.1 starts at all on torch >= 2.11 (its
     SubprocessHandler call). Frozen with --hang-timeout 20 (the default's bound is the mmp run
     test's)."""

@@ -62,7 +62,7 @@ def _refuse_torchada(module):
 
 def _strict(part, target, kind, impl, why, devices=OFF_CUDA, **kw):
     return FEATURE.patch(part, target, kind, impl, devices=frozenset(devices), strict=True,
-                                 why=why, torch=VERIFIED, **kw)
+                         why=why, torch=VERIFIED, **kw)
 
 
 def _torch_cuda_patches(device):
@@ -161,7 +161,7 @@ def _megatron_patches(device):
         why="its .is_cuda gate skips the numpy conversion for tensors already on the host")
     yield FEATURE.patch(
         "inference_broadcast_on_host",
-        "megatron.core.inference.communication_utils:" "_is_cuda",
+        "megatron.core.inference.communication_utils:_is_cuda",
         "replace",
         _on_the_host,
         devices=frozenset({CPU.name}),
@@ -240,7 +240,7 @@ def _host_rng_patches(device):
 
     def record(part, target, impl, why):
         return FEATURE.patch(part, target, "wrap", impl, devices=frozenset({CPU.name}),
-                                     strict=True, condition=shared, why=why, torch=VERIFIED)
+                             strict=True, condition=shared, why=why, torch=VERIFIED)
 
     seeds = "torch.manual_seed seeds the host generator as on a GPU machine"
     for module in ("torch", "torch.random"):

@@ -130,7 +130,7 @@ def mmp_register_patches(session, registry, device):
     registry.add(
         FEATURE.patch(
             "all_gather_uneven",
-            "torch.distributed.distributed_c10d:" "all_gather",
+            "torch.distributed.distributed_c10d:all_gather",
             "wrap",
             _gather_uneven_as_gloo,
             devices=frozenset({CPU.name}),

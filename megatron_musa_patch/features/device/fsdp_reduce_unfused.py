@@ -6,7 +6,7 @@ the reduce op: NCCL multiplies by the factor as it sums. gloo, the CPU row's col
 such op, and the reduce-scatter fails (``Cannot use ReduceOp.PREMUL_SUM with Gloo``). Upstream's
 other branch scales the gradients itself, then reduces with ``SUM``: the same reduction in two
 steps. The record takes that branch on the CPU row by handing upstream a copy of the config with
-the fusion off; switch the feature off (``MEGATRON_MUSA_PATCH_DISABLE=fsdp_reduce_unfused``) to
+the fusion off; switch the feature off (``MEGATRON_MUSA_PATCH_DISABLE=device.fsdp_reduce_unfused``) to
 keep upstream's choice.
 """
 

@@ -39,7 +39,7 @@ def mmp_register_patches(registry):
     registry.add(
         FEATURE.patch(
             "new_group",
-            "torch.distributed.distributed_c10d:" "_new_group_with_tag",
+            "torch.distributed.distributed_c10d:_new_group_with_tag",
             "wrap",
             _lazily,
             devices=frozenset({CPU.name}),

@@ -14,7 +14,7 @@ and 2 cores, the 10 tests of ``moe/test_aux_loss.py::TestAuxLoss`` took 165 s, t
 The fix remembers the groups each ``initialize_model_parallel`` registered and destroys those
 still registered once ``destroy_model_parallel`` has run. A group a caller kept from before the
 destroy is then gone, as the gloo groups upstream destroys already are; switch the feature off
-(``MEGATRON_MUSA_PATCH_DISABLE=release_dropped_groups``) to keep upstream's behaviour.
+(``MEGATRON_MUSA_PATCH_DISABLE=device.release_dropped_groups``) to keep upstream's behaviour.
 """
 
 from __future__ import annotations

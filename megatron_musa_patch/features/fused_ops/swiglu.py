@@ -19,7 +19,7 @@ def mmp_register_patches(registry):
     registry.add(FEATURE.patch(
         "", "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl", "wrap",
         bias_swiglu, rebind=("megatron.core.transformer.mlp",
-                                              "megatron.core.transformer.moe.shared_experts"),
+                             "megatron.core.transformer.moe.shared_experts"),
         why="--bias-swiglu-fusion: ops.swiglu (measured faster than the eager function on CPU)"))
 
 

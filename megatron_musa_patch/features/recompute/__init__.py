@@ -93,7 +93,7 @@ def mmp_register_patches(session, registry):
                 "grouped_experts",
                 "wrap",
                 bound(wrappers.experts_forward),
-                why="--mlp-recompute checkpoints the expert computation (not the " "dispatch)",
+                why="--mlp-recompute checkpoints the expert computation (not the dispatch)",
             ),
             FEATURE.patch(
                 "te_grouped_experts",

@@ -1,7 +1,8 @@
-"""dlrover-run under ``MEGATRON_MUSA_PATCH=1``: its agent gets ``mmp run``'s side of the job (the
-reports before each restart and at the end, a fresh store per attempt), and its standalone
-master starts on the torch releases whose SubprocessHandler requires ``numa_options``. Applied
-in dlrover-run's agent process (``lib/elastic/launchers.py``)."""
+"""dlrover-run under ``MEGATRON_MUSA_PATCH=1``: its agent runs the job under ``mmp run``'s
+supervision (a fresh store per attempt, the paragraph of who failed where at the end; the
+reports before each restart are ``reliability.elastic_agent``'s). Applied in dlrover-run's agent
+process (``lib/elastic/launchers.py``); its standalone master's torch fix is
+``upstream_fixes.dlrover_numa_options``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from megatron_musa_patch.lib.elastic import launchers
 
 FEATURE = feature(
     __name__,
-    "launcher side: dlrover-run's agent reports which rank failed where and which checkpoint "
-    "a restart resumes from, as mmp run does; its standalone master starts on torch >= 2.4")
+    "launcher side: dlrover-run's agent runs the job under mmp run's supervision (a fresh "
+    "store per attempt, who failed where and the checkpoint to resume from)")
 
 LAUNCHER = launchers.LAUNCHERS["dlrover-run"]
 
@@ -26,8 +27,3 @@ def mmp_register_launcher_patches(registry, supervision):
         functools.partial(launchers.run_supervised, LAUNCHER, supervision),
         distribution=LAUNCHER.distribution,
         why="the job runs under mmp run's supervision, named for dlrover-run"))
-    registry.add(FEATURE.patch(
-        "numa_options", f"{LAUNCHER.module}:SubprocessHandler", "wrap",
-        launchers.subprocess_handler_with_numa_options, distribution=LAUNCHER.distribution,
-        why="dlrover calls torch's SubprocessHandler with the six arguments of torch 2.3; newer "
-            "torch requires numa_options (None: no NUMA binding)"))

@@ -1,6 +1,7 @@
-"""nvidia-resiliency-ext's ft_launcher under ``MEGATRON_MUSA_PATCH=1``: its agent gets ``mmp
-run``'s side of the job (the reports before each restart and at the end, a fresh store per
-attempt). Applied in ft_launcher's agent process (``lib/elastic/launchers.py``)."""
+"""nvidia-resiliency-ext's ft_launcher under ``MEGATRON_MUSA_PATCH=1``: its agent runs the job
+under ``mmp run``'s supervision (a fresh store per attempt, the paragraph of who failed where at
+the end; the reports before each restart are ``reliability.elastic_agent``'s). Applied in
+ft_launcher's agent process (``lib/elastic/launchers.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from megatron_musa_patch.lib.elastic import launchers
 
 FEATURE = feature(
     __name__,
-    "launcher side: ft_launcher's agent reports which rank failed where and which checkpoint a "
-    "restart resumes from, as mmp run does")
+    "launcher side: ft_launcher's agent runs the job under mmp run's supervision (a fresh store "
+    "per attempt, who failed where and the checkpoint to resume from)")
 
 LAUNCHER = launchers.LAUNCHERS["ft_launcher"]
 

@@ -268,6 +268,9 @@ class ErrorReport:
     time: float
     kind: str
     message: str
+    #: the attempt it belongs to (torchelastic's restart count): a restart with no launcher
+    #: record to clear the directory between attempts leaves the earlier ones' reports there
+    attempt: int = 0
 
     def lost_connection(self) -> bool:
         return self.kind in ("DistNetworkError", "DistBackendError") or bool(
@@ -287,7 +290,8 @@ def write_error(report_dir: Optional[str], rank: int, exc: BaseException) -> Non
     import time
 
     report = {"rank": rank, "pid": os.getpid(), "time": time.time(),
-              "kind": type(exc).__name__, "message": str(exc)[:2000]}
+              "kind": type(exc).__name__, "message": str(exc)[:2000],
+              "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)}
     path = os.path.join(report_dir, _ERROR.format(rank=rank, pid=os.getpid()))
     try:
         with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -298,21 +302,25 @@ def write_error(report_dir: Optional[str], rank: int, exc: BaseException) -> Non
 
 
 def read_errors(report_dir: Optional[str]) -> Dict[int, ErrorReport]:
-    """The ranks' error reports, the first per rank."""
+    """The ranks' error reports of the latest attempt, the first per rank."""
     import json
 
-    found: Dict[int, ErrorReport] = {}
+    reports: List[ErrorReport] = []
     if not report_dir or not os.path.isdir(report_dir):
-        return found
+        return {}
     for name in sorted(os.listdir(report_dir)):
         if not (name.startswith("error-rank") and name.endswith(".json")):
             continue
         try:
             with open(os.path.join(report_dir, name), encoding="utf-8") as f:
-                report = ErrorReport(**json.load(f))
+                reports.append(ErrorReport(**json.load(f)))
         except (OSError, ValueError, TypeError):
             continue
-        if report.rank not in found or report.time < found[report.rank].time:
+    latest = max((r.attempt for r in reports), default=0)
+    found: Dict[int, ErrorReport] = {}
+    for report in reports:
+        if report.attempt == latest and (report.rank not in found or
+                                         report.time < found[report.rank].time):
             found[report.rank] = report
     return found
 

@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional
 
-from megatron_musa_patch.core.settings import WATCHDOG_DIR_ENV
+from megatron_musa_patch.base.env_names import WATCHDOG_DIR_ENV
 from megatron_musa_patch.lib.heartbeat import Heartbeat, say
 
 from . import reports

@@ -57,5 +57,5 @@ def test_switching_it_off_and_a_bad_peak(lm_path):
         run_stock(lm_path, ["--device-peak-tflops", "1"], iters=1,
                   env={"MEGATRON_MUSA_PATCH_DISABLE": "logs.throughput"})
     assert ("megatron_musa_patch: error: --device-peak-tflops needs the feature "
-            "'logs.throughput', which is switched off by MEGATRON_MUSA_PATCH_DISABLE=throughput") \
+            "'logs.throughput', which is switched off by MEGATRON_MUSA_PATCH_DISABLE=logs.throughput") \
         in " ".join(str(failed.value).split())

@@ -90,7 +90,7 @@ def test_flag_of_a_switched_off_feature_fails_clearly(lm_path):
                   iters=1, env={"MEGATRON_MUSA_PATCH_DISABLE": "moe_mla_mtp.moe_device_balance"})
     message = " ".join(str(failed.value).split())
     assert ("--moe-device-level-aux-loss-coeff needs the feature 'moe_mla_mtp.moe_device_balance', "
-            "which is switched off by MEGATRON_MUSA_PATCH_DISABLE=moe_device_balance") in message
+            "which is switched off by MEGATRON_MUSA_PATCH_DISABLE=moe_mla_mtp.moe_device_balance") in message
 
 
 def test_moe_under_tensor_parallelism_with_sequence_parallel_matches_one_rank(lm_path):

@@ -228,6 +228,14 @@ def test_the_launchers_records_are_switched_off_like_any_feature(monkeypatch):
     assert "switched off" in agent_rows[0].reason
     assert rows["reliability.dlrover_run.run"].status == "deferred"
     assert rows["reliability.dlrover_run.run"].reason.startswith("applied by the launcher")
+    # the fix dlrover-run needs to start at all is required: ONLY keeps it
+    monkeypatch.setenv("MEGATRON_MUSA_PATCH_ONLY", "none")
+    monkeypatch.delenv("MEGATRON_MUSA_PATCH_DISABLE")
+    side = activation.launcher_side()
+    side.registry.preview(activation.LAUNCHER_PROCESSES)
+    statuses = {r.feature: r.status for r in side.registry.results()}
+    assert statuses["upstream_fixes.dlrover_numa_options"] == "deferred"
+    assert statuses["reliability.dlrover_run"] == statuses["reliability.elastic_agent"] == "skipped"
 
 
 def test_a_stopped_process_takes_the_agents_stop_signal_at_once(launcher_side):
