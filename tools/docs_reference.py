@@ -251,7 +251,7 @@ def feature_docs() -> tuple:
     registry = Registry(device.name, toggles(pm, settings), rows=tuple(ROWS))
     session = Session(settings=settings, device=device, registry=registry, plugins=pm)
     pm.hook.mmp_register_patches(session=session, registry=registry, device=device)
-    launcher = launcher_side(settings, load_entry_points=False).registry
+    launcher = launcher_side(settings, pm).registry
     add_plugin_arguments(session, argparse.ArgumentParser(add_help=False))
     names = [m.FEATURE.name for m in BUILTIN]
     docs = {}

@@ -28,16 +28,19 @@ class LauncherSide:
 
 
 def launcher_side(settings: Optional[settings_module.Settings] = None,
-                  load_entry_points: bool = True) -> LauncherSide:
+                  pm: Any = None) -> LauncherSide:
     """The launcher's records, registered and gated by the same toggles and releases as the
-    ranks', not applied (``mmp doctor`` previews them)."""
+    ranks', not applied (``mmp doctor`` previews them). ``pm``: the plugin manager a caller has
+    already made (an activated session's); None: made here, entry points included."""
     settings = settings or settings_module.from_env()
     from ..core import plugins
     from ..core.registry import Registry
-    from ..features import BUILTIN
     from ..lib.elastic.supervision import Supervision
 
-    pm = plugins.make_manager(settings, BUILTIN, load_entry_points=load_entry_points)
+    if pm is None:
+        from ..features import BUILTIN
+
+        pm = plugins.make_manager(settings, BUILTIN)
     registry = Registry("launcher", plugins.toggles(pm, settings),
                         allow_unverified=settings.allow_unverified)
     supervision = Supervision()

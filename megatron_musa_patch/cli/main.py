@@ -137,7 +137,7 @@ def _doctor(command: str, rest: List[str]) -> int:
         _import_targets(state)
     from megatron_musa_patch.activation.launcher import LAUNCHER_PROCESSES, launcher_side
 
-    launcher = launcher_side(state.settings).registry
+    launcher = launcher_side(state.settings, state.plugins).registry
     launcher.preview(LAUNCHER_PROCESSES)
     launcher_rows = launcher.results()
     if opts.resolve_all:

@@ -6,11 +6,11 @@ process (``lib/elastic/launchers.py``); its standalone master's torch fix is
 
 from __future__ import annotations
 
-import functools
-
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.elastic import launchers
+
+from . import supervised_run
 
 FEATURE = feature(
     __name__,
@@ -22,8 +22,4 @@ LAUNCHER = launchers.LAUNCHERS["dlrover-run"]
 
 @hookimpl
 def mmp_register_launcher_patches(registry, supervision):
-    registry.add(FEATURE.patch(
-        "run", f"{LAUNCHER.module}:run", "wrap",
-        functools.partial(launchers.run_supervised, LAUNCHER, supervision),
-        distribution=LAUNCHER.distribution,
-        why="the job runs under mmp run's supervision, named for dlrover-run"))
+    registry.add(supervised_run(FEATURE, LAUNCHER, supervision))

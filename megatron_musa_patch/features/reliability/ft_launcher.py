@@ -5,11 +5,11 @@ ft_launcher's agent process (``lib/elastic/launchers.py``)."""
 
 from __future__ import annotations
 
-import functools
-
 from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.elastic import launchers
+
+from . import supervised_run
 
 FEATURE = feature(
     __name__,
@@ -21,8 +21,4 @@ LAUNCHER = launchers.LAUNCHERS["ft_launcher"]
 
 @hookimpl
 def mmp_register_launcher_patches(registry, supervision):
-    registry.add(FEATURE.patch(
-        "run", f"{LAUNCHER.module}:run", "wrap",
-        functools.partial(launchers.run_supervised, LAUNCHER, supervision),
-        distribution=LAUNCHER.distribution,
-        why="the job runs under mmp run's supervision, named for ft_launcher"))
+    registry.add(supervised_run(FEATURE, LAUNCHER, supervision))

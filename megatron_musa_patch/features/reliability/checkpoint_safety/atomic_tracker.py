@@ -18,7 +18,9 @@ import os
 
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
-from .common import TRACKER, msc_enabled
+from megatron_musa_patch.upstream.checkpoint_files import TRACKER
+
+from .common import msc_enabled
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(

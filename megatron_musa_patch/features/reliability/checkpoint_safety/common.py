@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 from megatron_musa_patch.base.errors import MegatronMusaPatchError
-from megatron_musa_patch.upstream.checkpoint_files import TRACKER  # noqa: F401 - the plugins' name
 
 CHECKPOINTING = "megatron.training.checkpointing"
 

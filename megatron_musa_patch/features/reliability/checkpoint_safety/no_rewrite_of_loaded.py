@@ -15,7 +15,9 @@ import sys
 from megatron_musa_patch.upstream.binding import call_arguments
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.upstream.args import args_read_by
-from .common import CHECKPOINTING, TRACKER, msc_enabled
+from megatron_musa_patch.upstream.checkpoint_files import TRACKER
+
+from .common import CHECKPOINTING, msc_enabled
 from megatron_musa_patch.core.feature import feature
 
 FEATURE = feature(
