@@ -10,8 +10,10 @@
 the same network into ``OUT/model_flags.txt``. ``export-hf`` turns a checkpoint written by stock
 ``pretrain_gpt.py`` through the layer (any layout, either format) into a directory
 ``transformers`` loads. Both run Megatron's own checkpointing through the layer on the CPU (gloo),
-write into a temporary directory and rename it at the end: an interrupted run leaves nothing
-that looks complete. Exit status: 0 done, 2 refused (one paragraph), 1 a conversion step failed.
+write into a temporary directory and rename it at the end: an interrupted run (SIGINT, SIGTERM,
+SIGHUP, or a step killed) stops every process it started and removes what it wrote. Exit
+status: 0 done, 2 refused (one paragraph), 1 a conversion step failed, 128 + N interrupted by
+signal N.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import conversion
+from . import conversion, processes
 from .errors import ConversionError
 from .plan import Layout
 
@@ -28,7 +30,8 @@ from .plan import Layout
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmp checkpoint", description=__doc__.split("\n\n")[0].replace("``", ""),
-        epilog="Exit status: 0 done, 2 refused with one paragraph, 1 a conversion step failed.")
+        epilog="Exit status: 0 done, 2 refused with one paragraph, 1 a conversion step failed, "
+               "128 + N interrupted by signal N (what it wrote removed).")
     verbs = parser.add_subparsers(dest="verb", required=True)
     imp = verbs.add_parser("import-hf", help="a Hugging Face model directory into a Megatron "
                                              "checkpoint", epilog=parser.epilog,
@@ -61,11 +64,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     opts = parser().parse_args(argv)
     try:
-        if opts.verb == "import-hf":
-            conversion.import_hf(opts.hf_dir, opts.save, Layout.from_options(opts),
-                                 opts.ckpt_format)
-        else:
-            conversion.export_hf(opts.load, opts.hf_dir, opts.hf_config, opts.max_shard_size)
+        with processes.interruptible():
+            if opts.verb == "import-hf":
+                conversion.import_hf(opts.hf_dir, opts.save, Layout.from_options(opts),
+                                     opts.ckpt_format)
+            else:
+                conversion.export_hf(opts.load, opts.hf_dir, opts.hf_config,
+                                     opts.max_shard_size)
+    except processes.Interrupted as exc:
+        print(f"mmp checkpoint {opts.verb}: interrupted by {exc}: the conversion's processes "
+              f"were stopped and what it had written removed; nothing was written.",
+              file=sys.stderr)
+        return exc.exit_code
     except ConversionError as exc:
         print(exc.render(prog=f"mmp checkpoint {opts.verb}"), file=sys.stderr)
         return exc.exit_code

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -19,9 +19,9 @@ from megatron_musa_patch.base.env_names import AUTOACTIVATE_ENV, DEVICE_ENV
 from megatron_musa_patch.upstream.checkpoint_files import (COMMON_STATE, DIST_METADATA,
                                                            RANK_STATE, TRACKER)
 
-from . import saved_args
+from . import processes, saved_args
 from .errors import ConversionError
-from .hf import config_dtype
+from .hf import check_new_dir, config_dtype, tmp_prefix
 from .plan import Layout, Plan
 from .worker import ENTRY
 
@@ -29,6 +29,9 @@ FLAGS_FILE = "model_flags.txt"
 REFERENCE = "hf_reference"
 PLAN_FILE = "plan.json"
 FORMATS = ("torch_dist", "torch")
+#: the --seq-length model_flags.txt gives at most (a Hugging Face config carries none; the
+#: model's whole context is rarely what a first run trains at)
+SEQ_LENGTH_CAP = 4096
 
 
 class StepFailed(Exception):
@@ -46,28 +49,27 @@ def import_hf(hf_dir, save, layout: Layout, ckpt_format: str) -> None:
     source = HFCheckpoint(hf_dir)
     family = families.family_of(source.config)
     family.check(source.config)
-    check_layout(source.config, layout)
+    check_layout(source.config, family, layout)
     target = _new_dir(save, "--save")
     lm = _lm_path()
-    flags = family.flags(source.config) + _vocabulary_flags(source, layout.tp)
+    vocabulary, note = _vocabulary_flags(source, layout.tp)
+    flags = family.flags(source.config) + vocabulary
     step_flags = flags + _dtype_flags(source.config) + _fixed(source.config)
+    # what the checkpoint's model flags name is its own copy of the tokenizer (the source
+    # directory may go), and a sequence length (pretrain_gpt.py needs one)
+    kept = [str(target / REFERENCE) if f == str(source.path.resolve()) else f for f in flags]
+    sequence = _seq_length(source.config)
     plan = Plan(hf_dir=str(source.path))
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    work = Path(tempfile.mkdtemp(prefix=tmp_prefix(target), dir=target.parent))
     try:
-        one = work / "one_rank"
-        run_step("fill", 1, dataclasses.replace(plan, save_format="torch_dist"), work,
-                 step_flags + ["--save", str(one), "--ckpt-format", "torch_dist"], lm)
-        final = one
-        # a torch_dist checkpoint holds every tensor once with its global shape and reshards
-        # itself on load, so the one-rank save is already the checkpoint of every layout; the
-        # torch format is per rank, so it is written by the ranks of the layout
-        if ckpt_format != "torch_dist":
-            final = work / "final"
-            run_step("reshard", layout.ranks, dataclasses.replace(plan, save_format=ckpt_format),
-                     work, step_flags + layout.flags() +
-                     ["--load", str(one), "--finetune", "--no-load-optim", "--no-load-rng",
-                      "--save", str(final), "--ckpt-format", "torch_dist"], lm)
-        (final / FLAGS_FILE).write_text(_flags_text(flags, ckpt_format))
+        final = work / "checkpoint"
+        # each rank of the layout fills its own part from the Hugging Face files and saves it,
+        # so no process holds more than its share (a torch_dist checkpoint reshards itself on
+        # load: any layout's serves every layout; the torch format is the layout's own)
+        run_step("fill", layout.ranks, plan, work, step_flags + layout.flags() +
+                 ["--save", str(final), "--ckpt-format", ckpt_format], lm)
+        (final / FLAGS_FILE).write_text(_flags_text(
+            kept + ["--seq-length", str(sequence)], ckpt_format))
         reference = final / REFERENCE
         reference.mkdir()
         for path in source.side_files():
@@ -78,27 +80,32 @@ def import_hf(hf_dir, save, layout: Layout, ckpt_format: str) -> None:
         os.replace(final, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"mmp checkpoint: {source.path} -> {target} ({family.__name__.rsplit('.', 1)[1]} "
-          f"family, {ckpt_format}, {layout}). Its model flags ({target / FLAGS_FILE}):")
+    print(f"mmp checkpoint: {source.path} -> {target} ({family.model_type}, {ckpt_format}, "
+          f"{layout}). Its model flags ({target / FLAGS_FILE}):")
     print((target / FLAGS_FILE).read_text(), end="")
+    positions = int(source.config.get("max_position_embeddings") or sequence)
+    whence = "max_position_embeddings" if positions == sequence else \
+        f"max_position_embeddings {positions}, capped at {SEQ_LENGTH_CAP}"
+    print(f"(--seq-length {sequence}, which a Hugging Face config does not carry, is the "
+          f"config's {whence}; a --seq-length after these flags wins.)")
+    if note:
+        print(note)
     if layout.tp > 1 and "--num-experts" in flags:
         print("(Megatron trains a MoE model with tensor parallelism only with "
               "--sequence-parallel: add it to the training flags.)")
 
 
-def check_layout(config: dict, layout: Layout) -> None:
+def check_layout(config: dict, family, layout: Layout) -> None:
     """The layout splits this model the way Megatron needs (it would otherwise stop only when
     the checkpoint is first loaded)."""
-    from .families import common
-
-    d = common.dims(config)
-    experts = int(config.get("num_local_experts") or config.get("n_routed_experts") or 0)
+    d = family.dims(config)
+    experts = family.experts(config)
     rules = [("tensor", layout.tp, "num_attention_heads", d["heads"]),
              ("tensor", layout.tp, "num_key_value_heads", d["groups"]),
              ("tensor", layout.tp, "intermediate_size", int(config["intermediate_size"])),
              ("pipeline", layout.pp, "num_hidden_layers", d["layers"])]
     if experts:
-        rules.append(("expert", layout.ep, "num_local_experts", experts))
+        rules.append(("expert", layout.ep, "routed experts", experts))
     elif layout.ep > 1:
         raise ConversionError(
             f"--expert-model-parallel-size {layout.ep}: this model "
@@ -111,20 +118,32 @@ def check_layout(config: dict, layout: Layout) -> None:
                 f"size that divides {value}. Nothing was written.")
 
 
-def _vocabulary_flags(source, tp: int) -> List[str]:
+def _seq_length(config: dict) -> int:
+    return min(int(config.get("max_position_embeddings") or SEQ_LENGTH_CAP), SEQ_LENGTH_CAP)
+
+
+def _vocabulary_flags(source, tp: int):
     """The tokenizer (the directory's own, or none) and a padding divisor that makes Megatron's
-    padded vocabulary the checkpoint's rows exactly, at this tensor-parallel size."""
+    padded vocabulary the checkpoint's rows exactly, at this tensor-parallel size; and a note
+    for the summary where the directory's tokenizer could not be used."""
     rows = int(source.config["vocab_size"])
+    note = ""
     if (source.path / "tokenizer.json").is_file() or (source.path / "tokenizer.model").is_file():
         size = _tokenizer_size(source.path)
-        tokenizer = ["--tokenizer-type", "HuggingFaceTokenizer",
-                     "--tokenizer-model", str(source.path.resolve())]
-    else:
-        # NullTokenizer --vocab-size N has N + 1 tokens up to 0.18 (the legacy tokenizer adds
-        # the end of document) and N from 0.19: the divisor is chosen to pad either to the rows
-        size = rows - 1
-        tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(rows - 1)]
-    return tokenizer + ["--make-vocab-size-divisible-by", str(vocab_divisor(rows, size, tp))]
+        if size is not None:
+            tokenizer = ["--tokenizer-type", "HuggingFaceTokenizer",
+                         "--tokenizer-model", str(source.path.resolve())]
+            return tokenizer + ["--make-vocab-size-divisible-by",
+                                str(vocab_divisor(rows, size, tp))], note
+        note = ("(The directory's tokenizer does not load without its own code "
+                "(trust_remote_code), which Megatron's HuggingFaceTokenizer does not run: the "
+                "flags name the NullTokenizer. Give your tokenizer's --tokenizer-type and "
+                "--tokenizer-model after them.)")
+    # NullTokenizer --vocab-size N has N + 1 tokens up to 0.18 (the legacy tokenizer adds the
+    # end of document) and N from 0.19: the divisor is chosen to pad either to the rows
+    tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(rows - 1)]
+    return tokenizer + ["--make-vocab-size-divisible-by",
+                        str(vocab_divisor(rows, rows - 1, tp))], note
 
 
 def vocab_divisor(rows: int, size: int, tp: int) -> int:
@@ -139,14 +158,23 @@ def vocab_divisor(rows: int, size: int, tp: int) -> int:
     return 128  # Megatron's default: the padded vocabulary gets zero rows beyond the model's
 
 
-def _tokenizer_size(path: Path) -> int:
+def _tokenizer_size(path: Path) -> Optional[int]:
+    """The directory's tokenizer's size; None where it loads only with its own code."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConversionError(
             f"--hf-dir {path} has a tokenizer, and reading its size needs transformers "
             f"({exc}); pip install 'megatron-musa-patch[data]'.") from exc
-    return len(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    try:
+        # never its own code, and never a question on the terminal about running it
+        return len(AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                 trust_remote_code=False))
+    except (ValueError, OSError, ImportError) as exc:
+        if any(path.glob("tokenization_*.py")):  # its own code (Kimi's tiktoken tokenizer)
+            return None
+        raise ConversionError(f"--hf-dir {path}: its tokenizer does not load ({exc}). Fix or "
+                              f"remove its tokenizer files. Nothing was written.") from None
 
 
 def _dtype_flags(config: dict) -> List[str]:
@@ -192,18 +220,17 @@ def export_hf(load, hf_dir, hf_config: Optional[str], max_shard_size: float) -> 
     family = families.family_of(config)
     family.check(config)
     _check_built_alike(family, args)
-    target = Path(hf_dir)
-    if target.exists() and any(target.iterdir()):
-        raise ConversionError(f"--hf-dir {target} exists and is not empty: give a new "
-                              f"directory (the export never writes into an existing one).")
+    target = Path(hf_dir).resolve()
+    check_new_dir(target, "--hf-dir")
     lm = _lm_path()
     layout = Layout.from_args(args)
     dtype = config_dtype(config)
-    plan = Plan(hf_config=config, hf_out=str(target),
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written = Path(tempfile.mkdtemp(prefix=tmp_prefix(target), dir=target.parent))
+    plan = Plan(hf_config=config, hf_out=str(target), hf_tmp=str(written),
                 side_files=tuple(str(p) for p in _reference_side_files(reference)), dtype=dtype,
                 max_shard_bytes=int(max_shard_size * (1 << 30)))
-    work = Path(tempfile.mkdtemp(prefix=".mmp-export-", dir=target.parent if
-                                 target.parent.exists() else None))
+    work = Path(tempfile.mkdtemp(prefix=".mmp-export-", dir=target.parent))
     try:
         # the model flags made from the config as import-hf makes them, so the two directions
         # agree; the vocabulary exactly the checkpoint's padded one, whatever tokenizer it had
@@ -221,13 +248,14 @@ def export_hf(load, hf_dir, hf_config: Optional[str], max_shard_size: float) -> 
                  Layout().flags() + ["--load", str(source), "--ckpt-format", _format(source)], lm)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(written, ignore_errors=True)  # renamed into place when it finished
     print(f"mmp checkpoint: {load} -> {target} ({config['architectures'][0]}, {dtype})")
 
 
 def _check_built_alike(family, args) -> None:
     """A checkpoint whose network the installed megatron-core builds otherwise than the family's
     flags would (a family's ``check_built_alike``) is refused before anything is loaded."""
-    if hasattr(family, "check_built_alike"):
+    if family.built_alike is not None:
         from megatron_musa_patch.upstream import installed
 
         family.check_built_alike(args, installed.megatron_core_version())
@@ -274,9 +302,18 @@ def _iteration_dir(load: Path) -> Path:
     if not tracker.is_file():
         raise ConversionError(f"--load {load}: no {TRACKER} there (not a Megatron checkpoint "
                               f"directory, or one whose first save did not finish).")
-    text = tracker.read_text().strip()
+    text = tracker.read_text(errors="replace").strip()
+    if text != "release" and not text.isdigit():
+        raise ConversionError(
+            f"--load {load}: {TRACKER} holds {text[:40]!r}, not an iteration number or "
+            f"'release' (a garbled or hand-edited file?). Write the iteration of the checkpoint "
+            f"to load into it (the iter_* directories are the ones saved). Nothing was written.")
     name = "release" if text == "release" else f"iter_{int(text):07d}"
-    return load / name
+    directory = load / name
+    if not directory.is_dir():
+        raise ConversionError(f"--load {load}: {TRACKER} names iteration {text}, and {name} is "
+                              f"not there. Nothing was written.")
+    return directory
 
 
 def _format(load: Path) -> str:
@@ -332,9 +369,7 @@ def _reference_side_files(reference: Optional[Path]):
 
 def _new_dir(path, flag: str) -> Path:
     target = Path(path).resolve()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConversionError(f"{flag} {target} exists and is not empty: give a new directory "
-                              f"(a conversion never writes into an existing one).")
+    check_new_dir(target, flag)
     target.parent.mkdir(parents=True, exist_ok=True)
     return target
 
@@ -373,15 +408,31 @@ def run_step(mode: str, ranks: int, plan: Plan, work: Path, flags: List[str], lm
     from ..device import names
 
     env.setdefault(DEVICE_ENV, names.CPU)
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        raise StepFailed(f"mmp checkpoint: error: the {mode} step on {ranks} rank(s) failed (exit "
-                         f"{proc.returncode}); nothing was written (see its output above).")
+    code = processes.run(cmd, env)
+    if code != 0:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"failed (exit {code})"
+        raise StepFailed(f"mmp checkpoint: error: the {mode} step on {ranks} rank(s) {how}; its "
+                         f"processes were stopped and what it wrote removed: nothing was written "
+                         f"(see its output above).")
+
+
+#: where a one-rank step's store listens: below Linux's default range of ports the kernel hands
+#: out to connections (32768-60999), so that none of the connections the machine's other jobs
+#: open (gloo's among them) takes it between this choice and the step's listening
+PORTS = range(20000, 32768)
 
 
 def _free_port() -> int:
+    import random
     import socket
 
-    with socket.socket() as sock:
+    for port in random.sample(PORTS, 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # all taken: any the kernel gives
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from collections import Counter
+from typing import Callable, Dict, Iterable, List, Optional
 
 from .errors import ConversionError
 
@@ -43,15 +45,17 @@ class HFCheckpoint:
             raise ConversionError(
                 f"--hf-dir {self.path}: no {CONFIG} there. Give a local Hugging Face model "
                 f"directory (config.json and *.safetensors; this command never downloads).")
-        self.config = json.loads((self.path / CONFIG).read_text())
+        self.config = read_json(self.path / CONFIG, "--hf-dir")
         self.fp8_block = _fp8_block(self.path, self.config.pop("quantization_config", None))
         self._where = self._index()
         self._open: Dict[str, object] = {}
 
     def _index(self) -> Dict[str, str]:
+        """Where each tensor is, after every file's header has been read and its size checked
+        against it (a file cut short is refused here, before any model is built)."""
         index = self.path / INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            weight_map = read_json(index, "--hf-dir").get("weight_map", {})
             missing = sorted({f for f in weight_map.values() if not (self.path / f).is_file()})
             if missing:
                 raise ConversionError(
@@ -59,6 +63,15 @@ class HFCheckpoint:
                     f"{'is' if len(missing) == 1 else 'are'} not there (an interrupted "
                     f"download?). Fetch the missing shards, or point --hf-dir at a complete "
                     f"directory.")
+            for file in sorted(set(weight_map.values())):
+                held = set(tensor_names(self.path / file))
+                absent = sorted(n for n, f in weight_map.items() if f == file and n not in held)
+                if absent:
+                    raise ConversionError(
+                        f"--hf-dir {self.path}: {INDEX} puts {', '.join(absent[:3])} in {file}, "
+                        f"whose header does not hold {'it' if len(absent) == 1 else 'them'}. "
+                        f"The index and the shards are of different models or downloads: "
+                        f"fetch the directory again.")
             return dict(weight_map)
         files = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not files:
@@ -66,15 +79,7 @@ class HFCheckpoint:
             hint = (f" ({', '.join(bins[:2])} are pickled PyTorch weights: save the model "
                     f"again with save_pretrained(..., safe_serialization=True))") if bins else ""
             raise ConversionError(f"--hf-dir {self.path}: no *.safetensors files{hint}.")
-        from safetensors import safe_open
-
-        where = {}
-        for name in files:  # the names only: numpy's view of the file, not torch's (mmp
-            # checkpoint's own process plans without importing torch; its worker imports it)
-            with safe_open(self.path / name, framework="numpy") as handle:
-                for key in handle.keys():
-                    where[key] = name
-        return where
+        return {key: name for name in files for key in tensor_names(self.path / name)}
 
     def names(self) -> List[str]:
         """The tensors it hands out (an FP8 weight's scales are part of the weight)."""
@@ -108,6 +113,28 @@ class HFCheckpoint:
                 f"Is the directory complete, and is it the model its config.json describes?")
         return tensor
 
+    def reading(self, names) -> Callable:
+        """``get`` for the reads ``names`` lists (a name as often as it will be read), which
+        lets go of each file once its last listed read is done: its pages are unmapped as soon
+        as no tensor read from it is kept (a conversion holds about one file's pages at a time,
+        not every file it read)."""
+        left = Counter()
+        for name in names:
+            for stored in (name, name + SCALE_INV):
+                if stored in self._where and (stored == name or self.fp8_block):
+                    left[self._where[stored]] += 1
+
+        def get(name: str):
+            tensor = self.get(name)
+            for stored in {name, name + SCALE_INV}:
+                file = self._where.get(stored)
+                if file is not None and left[file] > 0 and (stored == name or self.fp8_block):
+                    left[file] -= 1
+                    if left[file] == 0:
+                        self._open.pop(file, None)
+            return tensor
+        return get
+
     def _read(self, name: str):
         file = self._where[name]
         handle = self._open.get(file)
@@ -122,6 +149,50 @@ class HFCheckpoint:
 
     def total_bytes(self) -> int:
         return sum((self.path / f).stat().st_size for f in set(self._where.values()))
+
+
+def read_json(path: Path, flag: str) -> dict:
+    """A JSON file of the model directory, refused in one paragraph where it does not read."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ConversionError(
+            f"{flag} {Path(path).parent}: {Path(path).name} is not JSON ({exc.msg} at line "
+            f"{exc.lineno}, column {exc.colno}): a cut or edited file? Fetch it again. Nothing "
+            f"was written.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{flag} {Path(path).parent}: {Path(path).name} cannot be read "
+                              f"({exc}). Nothing was written.") from None
+    if not isinstance(found, dict):
+        raise ConversionError(f"{flag} {Path(path).parent}: {Path(path).name} holds a JSON "
+                              f"{type(found).__name__}, not an object. Nothing was written.")
+    return found
+
+
+def tensor_names(path: Path) -> List[str]:
+    """The tensors of a safetensors file, from its header (8 bytes of length, then JSON), after
+    checking that the file is as long as the header says: a file cut short (an interrupted
+    download or copy) is refused naming it, not met as a read error deep in a conversion. No
+    torch is imported (mmp checkpoint's own process plans without it)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"a header of {length} bytes")
+            header = json.loads(f.read(length))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items()
+                   if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ConversionError(
+            f"--hf-dir {path.parent}: {path.name} is not a safetensors file ({size} bytes; its "
+            f"header does not read: {exc}). Fetch it again. Nothing was written.") from None
+    if 8 + length + end != size:
+        raise ConversionError(
+            f"--hf-dir {path.parent}: {path.name} is {size} bytes where its header says "
+            f"{8 + length + end}: the file was cut short (an interrupted download or copy?). "
+            f"Fetch it again. Nothing was written.")
+    return [k for k in header if k != "__metadata__"]
 
 
 def _fp8_block(path: Path, quantization: Optional[dict]):
@@ -168,15 +239,14 @@ class HFWriter:
     """Writes a model directory: shards as tensors arrive, then the index and config; the
     directory appears under its name only when complete."""
 
-    def __init__(self, target, max_shard_bytes: int = 4 << 30):
+    def __init__(self, target, max_shard_bytes: int = 4 << 30, tmp=None):
         self.target = Path(target)
-        if self.target.exists() and any(self.target.iterdir()):
-            raise ConversionError(
-                f"--hf-dir {self.target} exists and is not empty: give a new directory (the "
-                f"export never writes into an existing one).")
+        check_new_dir(self.target, "--hf-dir")
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-",
-                                         dir=self.target.parent))
+        # ``tmp``: the directory to write in, made by whoever asked for the export (it removes
+        # it should this process be killed); by default one made here
+        self.tmp = Path(tmp) if tmp is not None else Path(tempfile.mkdtemp(
+            prefix=tmp_prefix(self.target), dir=self.target.parent))
         self.max_shard_bytes = max_shard_bytes
         self._pending: Dict[str, object] = {}
         self._pending_bytes = 0
@@ -223,6 +293,7 @@ class HFWriter:
         for path in side_files:
             shutil.copy2(path, self.tmp / Path(path).name)
         (self.tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.tmp.chmod(0o777 & ~_umask())  # as save_pretrained's directory (mkdtemp's is 0700)
         if self.target.exists():
             self.target.rmdir()  # empty, checked above
         os.replace(self.tmp, self.target)
@@ -232,7 +303,35 @@ class HFWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def read_config(path) -> Optional[dict]:
+def read_config(path, flag: str = "--hf-config") -> Optional[dict]:
     file = Path(path)
     file = file / CONFIG if file.is_dir() else file
-    return json.loads(file.read_text()) if file.is_file() else None
+    return read_json(file, flag) if file.is_file() else None
+
+
+def check_new_dir(target: Path, flag: str) -> None:
+    """``target`` may be written: absent, or an empty directory."""
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        kind = "is not empty" if target.is_dir() else "is a file"
+        raise ConversionError(f"{flag} {target} exists and {kind}: give a new directory (a "
+                              f"conversion never writes into an existing one). Nothing was "
+                              f"written.")
+
+
+def tmp_prefix(target: Path) -> str:
+    """The name a conversion's temporary directory beside ``target`` starts with."""
+    return f".{Path(target).name}.tmp-"
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, which a writer
+    thread of Megatron's could meet half-way)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -54,13 +54,15 @@ class Layout:
 class Plan:
     """What a conversion's worker steps read beyond Megatron's flags, handed over as a JSON file
     (``worker --plan FILE``): for the import, the Hugging Face directory to fill from; for the
-    export, the config, the directory to write, the files to copy beside it, the dtype and the
-    largest shard. ``save_format``: the format a step saves in, where that is not the one it
+    export, the config, the directory to write, the temporary directory to write it in (made,
+    and removed should the export end early, by ``mmp checkpoint``), the files to copy beside
+    it, the dtype and the largest shard. ``save_format``: the format a step saves in, where that is not the one it
     loads (None: Megatron's ``--ckpt-format``)."""
 
     hf_dir: Optional[str] = None
     hf_config: Optional[dict] = None
     hf_out: Optional[str] = None
+    hf_tmp: Optional[str] = None
     side_files: Tuple[str, ...] = ()
     dtype: Optional[str] = None
     max_shard_bytes: Optional[int] = None

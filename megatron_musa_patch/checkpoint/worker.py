@@ -5,8 +5,8 @@ and initialisation, the checkout's ``model_provider`` with ``gpt_builder`` -- an
 only through Megatron's own ``load_checkpoint`` / ``save_checkpoint``, so the checkpoint is one
 stock ``pretrain_gpt.py`` writes and loads, in either format and any layout, on every release:
 
-* ``fill``: one rank, no parallelism: the model's tensors from a Hugging Face directory (one at
-  a time, the embedding padded to Megatron's vocabulary), then saved;
+* ``fill``: any layout: each rank's part of the model from a Hugging Face directory (one tensor
+  at a time, the rank's piece of it, the embedding padded to Megatron's vocabulary), then saved;
 * ``reshard``: any layout: loaded (a ``torch_dist`` checkpoint reshards itself on load) and saved
   again in the format asked for;
 * ``dump``: one rank: loaded, then every tensor handed to the Hugging Face writer.
@@ -79,43 +79,90 @@ def _without_transformers() -> None:
 
 
 def fill(plan: Plan, model) -> None:
-    """Copy the Hugging Face tensors into the one-rank model, one tensor at a time."""
+    """Copy this rank's pieces of the Hugging Face tensors into its part of the model, one
+    tensor at a time, reading only the tensors it holds a piece of; each safetensors file is
+    unmapped once its last such tensor is read, so a rank holds its part of the model and at
+    most about one file's pages besides."""
     import torch
 
-    from . import families
+    from . import families, shards
+    from .families.rows import COLUMN, Copy, Rename
+    from .families.table import Bound, check_copy
     from .hf import HFCheckpoint
     from .progress import bar
 
     source = HFCheckpoint(plan.hf_dir)
-    state = model[0].state_dict(keep_vars=True)
-    params = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    config = source.config
+    family = families.family_of(config)
+    chunk = shards.unwrapped(model[0])
+    state = {k: v for k, v in chunk.state_dict(keep_vars=True).items()
+             if isinstance(v, torch.Tensor)}
+    local = {whole: name for name, whole in shards.global_names(chunk).items()}
+    wanted: list = []
+    elsewhere = set()  # what other ranks hold, or none
+    for pair in family.mappings(config):
+        held = resolve(pair.megatron, local)
+        if isinstance(pair.row, Copy):
+            if _checks_copies():
+                wanted.append(pair)
+        elif held in local:
+            wanted.append(Bound(held, pair.hf, pair.row))
+        else:
+            elsewhere.add(pair.megatron)
+    nowhere = sorted(_held_by_no_rank(elsewhere))
+    if nowhere:
+        raise SystemExit(f"mmp checkpoint: the Megatron model has no {', '.join(nowhere[:3])} "
+                         f"(the mapping and the model's flags disagree)")
+    if families.tied(config) and families.OUTPUT in local:  # the last stage's copy (PP > 1)
+        wanted.append(Bound(families.OUTPUT, ("model.embed_tokens.weight",),
+                            Rename("", "", COLUMN)))
+    get = source.reading([n for pair in wanted for n in pair.hf] +
+                         [pair.row.same_as for pair in wanted if isinstance(pair.row, Copy)])
+    dims = family.dims(config)
     seen = set()
-    with bar(total=len(params), desc="import-hf", unit="tensor") as progress:
-        for name, tensor in families.to_megatron(source.config, source.get):
-            name = resolve(name, params)
-            if name not in params:
-                raise SystemExit(f"mmp checkpoint: the Megatron model has no {name} (the "
-                                 f"mapping and the model's flags disagree)")
-            target = params[name]
-            if name in (families.EMBEDDING, families.OUTPUT):
-                tensor = _to_rows(tensor, target.shape[0])
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise SystemExit(f"mmp checkpoint: {name}: Hugging Face gives "
-                                 f"{tuple(tensor.shape)}, the Megatron model holds "
-                                 f"{tuple(target.shape)}")
-            if tensor.dtype == target.dtype and tensor.is_contiguous():
-                # taken as it is (safetensors maps the file): a copy would touch every page
-                # of the model once more, the untouched buffer the model was built with goes
-                target.data = tensor
-            else:
-                with torch.no_grad():
-                    target.copy_(tensor)
-            seen.add(name)
+    with bar(total=len(wanted), desc="import-hf", unit="tensor") as progress:
+        for pair in wanted:
             progress.update(1)
-    missing = sorted(set(params) - seen - _tied_output(params, source.config))
+            if isinstance(pair.row, Copy):
+                check_copy(pair, get)
+                continue
+            name = local[pair.megatron]
+            target = state[name]
+            whole = pair.row.to_megatron([get(n) for n in pair.hf], dims)
+            tensor = shards.piece(pair.megatron, whole, target.shape, pair.row,
+                                  vocabulary=pair.megatron in (families.EMBEDDING,
+                                                               families.OUTPUT))
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise SystemExit(f"mmp checkpoint: {pair.megatron}: Hugging Face gives "
+                                 f"{tuple(whole.shape)}, this rank's piece of which is "
+                                 f"{tuple(tensor.shape)}; the Megatron model holds "
+                                 f"{tuple(target.shape)}")
+            with torch.no_grad():  # into the model's own memory: the file can then be unmapped
+                target.copy_(tensor)
+            del whole, tensor
+            seen.add(name)
+    missing = sorted(set(state) - seen)
     if missing:
         raise SystemExit(f"mmp checkpoint: the mapping left Megatron tensors unfilled: "
                          f"{', '.join(missing[:5])}")
+
+
+def _held_by_no_rank(elsewhere: set) -> set:
+    """Of the names this rank does not hold, those no rank holds."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return elsewhere
+    each = [None] * dist.get_world_size()
+    dist.all_gather_object(each, elsewhere)
+    return set.intersection(*each)
+
+
+def _checks_copies() -> bool:
+    """The rank that compares the Hugging Face copies of a tensor (one rank does)."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 #: a module megatron-core renamed: (the mapping's name, the later release's)
@@ -130,26 +177,6 @@ def resolve(name: str, present) -> str:
         if name.startswith(scope) and old in name and name.replace(old, new, 1) in present:
             return name.replace(old, new, 1)
     return name
-
-
-def _tied_output(params, config):
-    from . import families
-
-    return {families.OUTPUT} if families.tied(config) and families.OUTPUT in params else set()
-
-
-def _to_rows(tensor, rows: int):
-    """The embedding (or output layer) with Megatron's padded vocabulary: zero rows appended;
-    the export drops them again."""
-    import torch
-
-    if tensor.shape[0] == rows:
-        return tensor
-    if tensor.shape[0] > rows:
-        raise SystemExit(f"mmp checkpoint: the vocabulary has {tensor.shape[0]} rows, Megatron's "
-                         f"padded vocabulary only {rows}")
-    pad = torch.zeros((rows - tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
-    return torch.cat([tensor, pad], dim=0)
 
 
 def dump(plan: Plan, model) -> None:
@@ -200,7 +227,7 @@ def dump(plan: Plan, model) -> None:
             f"has no weights for (the args stored in the checkpoint name them, e.g. "
             f"--qk-layernorm on a family without query/key norms): train without them, or "
             f"export to a family that has them. Nothing was written.")
-    writer = HFWriter(plan.hf_out, max_shard_bytes=plan.max_shard_bytes)
+    writer = HFWriter(plan.hf_out, max_shard_bytes=plan.max_shard_bytes, tmp=plan.hf_tmp)
     try:
         handed: dict = {}
         with bar(total=expected, desc="export-hf", unit="tensor") as progress:

@@ -75,6 +75,7 @@ def batches(probe_dir, iteration):
 def hf_loss_of(hf, seen) -> float:
     """transformers' loss on the batches Megatron averaged (one per data-parallel rank, all of
     one length)."""
+    hf = tiny_models.reference(hf)
     return sum(tiny_models.hf_loss(hf, b["input_ids"], b["labels"]) for b in seen) / len(seen)
 
 
@@ -112,7 +113,8 @@ NETWORK_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_
                   "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
                   "moe_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
                   "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                  "v_head_dim")
+                  "v_head_dim", "num_experts", "moe_intermediate_size",
+                  "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers")
 
 
 def assert_args_read_alone(checkpoint):
@@ -135,6 +137,10 @@ def assert_args_read_alone(checkpoint):
     assert {k: getattr(read, k) for k in plain} == {k: expected[k] for k in plain}
 
 
+#: a config field's other spelling, which the export may write instead
+SPELLINGS = {"num_local_experts": "num_experts"}
+
+
 def assert_config_from_args(checkpoint, hf):
     """The config export-hf makes from the checkpoint's args alone (a checkpoint import-hf did
     not write) describes the network of the original ``hf`` model."""
@@ -149,7 +155,9 @@ def assert_config_from_args(checkpoint, hf):
         args, {"vocab_size": int(args.padded_vocab_size)})
     for field in NETWORK_FIELDS:
         if field in original:
-            assert derived[field] == original[field], (field, derived[field], original[field])
+            # transformers 5 saves Qwen3-MoE's num_experts as num_local_experts
+            value = derived.get(field, derived.get(SPELLINGS.get(field)))
+            assert value == original[field], (field, value, original[field])
     head_dim = original.get("head_dim") or original["hidden_size"] // original[
         "num_attention_heads"]
     assert derived["head_dim"] == head_dim

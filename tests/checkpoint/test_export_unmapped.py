@@ -49,6 +49,12 @@ def test_every_tensor_mapped_exports_the_original_tensors(llama, tmp_path):
         written.update(load_file(str(shard)))
     assert sorted(written) == sorted(hf)
     assert all(written[name].equal(hf[name]) for name in hf)
+    # the directory's mode is the user's umask's, as save_pretrained's (mkdtemp's is 0700)
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~mask
 
 
 def test_a_tensor_the_mapping_does_not_know_is_refused_before_anything_is_written(llama,

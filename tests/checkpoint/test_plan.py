@@ -2,12 +2,11 @@
 is handed its plan (``checkpoint/conversion.py``, ``run_step``). In-process, no Megatron needed."""
 
 import dataclasses
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from megatron_musa_patch.checkpoint import cli, conversion
+from megatron_musa_patch.checkpoint import cli, conversion, processes
 from megatron_musa_patch.checkpoint.errors import ConversionError
 from megatron_musa_patch.checkpoint.plan import Layout, Plan
 
@@ -58,9 +57,9 @@ def test_a_step_reads_the_plan_written_for_it(tmp_path, monkeypatch):
     def run(cmd, env=None):
         path = cmd[cmd.index("--plan") + 1]
         seen.append((cmd[cmd.index("--mode") + 1], Plan.read(path), cmd[cmd.index("--") + 1:]))
-        return SimpleNamespace(returncode=0 if len(seen) == 1 else 3)
+        return 0 if len(seen) == 1 else 3
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(processes, "run", run)
     plan = Plan(hf_dir="/models/llama")
     saving = dataclasses.replace(plan, save_format="torch")
     conversion.run_step("reshard", 2, saving, tmp_path, ["--bf16"], tmp_path)
@@ -68,7 +67,8 @@ def test_a_step_reads_the_plan_written_for_it(tmp_path, monkeypatch):
         conversion.run_step("fill", 1, plan, tmp_path, ["--fp16"], tmp_path)
     assert seen == [("reshard", saving, ["--bf16"]), ("fill", plan, ["--fp16"])]
     assert str(failed.value) == ("mmp checkpoint: error: the fill step on 1 rank(s) failed (exit "
-                                 "3); nothing was written (see its output above).")
+                                 "3); its processes were stopped and what it wrote removed: "
+                                 "nothing was written (see its output above).")
 
 
 def test_a_failed_step_ends_the_command_with_its_message(monkeypatch):

@@ -2,7 +2,7 @@
 Face directory's config and tensor names and plans, without importing torch (seconds its
 worker, which builds the model, pays anyway)."""
 
-from megatron_musa_patch.checkpoint.families import common
+from megatron_musa_patch.checkpoint.families import rows as tensor_rows
 from megatron_musa_patch.device import rows
 
 from tests.checkpoint.test_refusals import LLAMA, hf_dir
@@ -25,11 +25,13 @@ def test_the_layouts_still_compute_with_torch_imported_where_used():
     import torch
 
     gate, up = torch.arange(6.0).reshape(3, 2), -torch.arange(6.0).reshape(3, 2)
-    assert torch.equal(common.gated_to_megatron(gate, up), torch.cat([gate, up]))
-    back = common.gated_from_megatron(common.gated_to_megatron(gate, up))
+    gated = tensor_rows.Gated("fc1", "gate", "up")
+    assert torch.equal(gated.to_megatron([gate, up], {}), torch.cat([gate, up]))
+    back = gated.to_hf(gated.to_megatron([gate, up], {}), {})
     assert torch.equal(back[0], gate) and torch.equal(back[1], up)
     q, k, v = torch.randn(4, 3), torch.randn(2, 3), torch.randn(2, 3)
-    fused = common.qkv_to_megatron(q, k, v, heads=2, groups=1, head_dim=2)
+    dims = {"heads": 2, "groups": 1, "head_dim": 2}
+    qkv = tensor_rows.GroupedQKV("qkv", "q", "k", "v")
     assert [torch.equal(a, b) for a, b in
-            zip(common.qkv_from_megatron(fused, heads=2, groups=1, head_dim=2), (q, k, v))] \
+            zip(qkv.to_hf(qkv.to_megatron([q, k, v], dims), dims), (q, k, v))] \
         == [True, True, True]

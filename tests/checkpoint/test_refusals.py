@@ -16,6 +16,11 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
          "rope_theta": 10000.0, "dtype": "float32"}
 
 
+def _flags(config: dict):
+    """The Megatron flags of ``config``'s table."""
+    return families.family_of(config).flags(config)
+
+
 def hf_dir(root: Path, config: dict, weights=True, name="model") -> Path:
     from safetensors.torch import save_file
 
@@ -248,28 +253,26 @@ def test_deepseek_v2_what_megatron_would_compute_otherwise(capsys, tmp_path, cha
 def test_deepseek_flags_follow_the_config():
     """V2-Lite (no query LoRA, softmax top-k unnormalised, YaRN with V2's mscales) and V3 (query
     LoRA, sigmoid + expert bias, YaRN) give the Megatron flags that build them."""
-    from megatron_musa_patch.checkpoint.families import deepseek
-
     def flag(flags, name):
         return flags[flags.index(name) + 1] if name in flags else None
 
-    v2 = deepseek.flags(DEEPSEEK_V2)
+    v2 = _flags(DEEPSEEK_V2)
     assert "--q-lora-rank" not in v2 and "--moe-router-enable-expert-bias" not in v2
     assert flag(v2, "--moe-router-score-function") == "softmax" and "--moe-router-pre-softmax" in v2
     assert flag(v2, "--moe-router-load-balancing-type") == "seq_aux_loss"
     assert flag(v2, "--moe-aux-loss-coeff") == "0.001"
     assert (flag(v2, "--rope-type"), flag(v2, "--rotary-scaling-factor"), flag(v2, "--mscale"),
             flag(v2, "--mscale-all-dim")) == ("yarn", "40", "0.707", "0.707")
-    v3 = deepseek.flags({**DEEPSEEK, "rope_parameters": YARN})
+    v3 = _flags({**DEEPSEEK, "rope_parameters": YARN})
     assert flag(v3, "--q-lora-rank") == "8" and "--moe-router-enable-expert-bias" in v3
     assert flag(v3, "--moe-router-score-function") == "sigmoid"
     assert "--moe-router-pre-softmax" not in v3
     assert (flag(v3, "--mscale"), flag(v3, "--mscale-all-dim")) == ("1.0", "1.0")
     # YaRN without both mscales: transformers scales cos/sin by the factor's mscale alone
-    plain = deepseek.flags({**DEEPSEEK, "rope_parameters": {**YARN, "mscale": None,
+    plain = _flags({**DEEPSEEK, "rope_parameters": {**YARN, "mscale": None,
                                                             "mscale_all_dim": None}})
     assert (flag(plain, "--mscale"), flag(plain, "--mscale-all-dim")) == ("1.0", "0.0")
-    assert flag(deepseek.flags(DEEPSEEK), "--rope-type") == "rope"
+    assert flag(_flags(DEEPSEEK), "--rope-type") == "rope"
 
 
 def test_deepseek_v2_group_limited_routing_is_the_best_expert_rule():
@@ -286,11 +289,11 @@ def test_deepseek_v2_group_limited_routing_is_the_best_expert_rule():
         return flags[flags.index(name) + 1] if name in flags else None
 
     full = {**DEEPSEEK_V2, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}
-    deepseek.check(full)
-    flags = deepseek.flags(full)
+    families.family_of(full).check(full)
+    flags = _flags(full)
     assert (flag(flags, "--moe-router-num-groups"), flag(flags, "--moe-router-group-topk"),
             flag(flags, "--moe-router-group-score")) == ("2", "1", "max")
-    greedy = deepseek.flags({**DEEPSEEK_V2, "topk_method": "greedy", "n_group": 2,
+    greedy = _flags({**DEEPSEEK_V2, "topk_method": "greedy", "n_group": 2,
                              "topk_group": 1})
     assert "--moe-router-num-groups" not in greedy and "--moe-router-group-score" not in greedy
 
@@ -308,14 +311,14 @@ def test_deepseek_v2_group_limited_routing_is_the_best_expert_rule():
             moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
         return SimpleNamespace(**{**base, **kw})
 
-    config = deepseek.config_from_args(args(), {"vocab_size": 128})
+    config = deepseek.V2.config_from_args(args(), {"vocab_size": 128})
     assert (config["topk_method"], config["n_group"], config["topk_group"]) == \
         ("group_limited_greedy", 2, 1)
-    assert deepseek.config_from_args(args(moe_router_num_groups=None, moe_router_group_topk=None,
+    assert deepseek.V2.config_from_args(args(moe_router_num_groups=None, moe_router_group_topk=None,
                                           moe_router_group_score="topk-sum"),
                                      {"vocab_size": 128})["topk_method"] == "greedy"
     with pytest.raises(ConversionError, match="without --moe-router-group-score max"):
-        deepseek.config_from_args(args(moe_router_group_score="topk-sum"), {"vocab_size": 128})
+        deepseek.V2.config_from_args(args(moe_router_group_score="topk-sum"), {"vocab_size": 128})
 
 
 def test_deepseek_without_a_query_lora_is_built_without_a_query_norm():
@@ -329,8 +332,8 @@ def test_deepseek_without_a_query_lora_is_built_without_a_query_norm():
     from megatron_musa_patch.checkpoint.errors import ConversionError
     from megatron_musa_patch.checkpoint.families import deepseek
 
-    assert "--mla-q-proj-without-norm" in deepseek.flags(DEEPSEEK_V2)
-    assert "--mla-q-proj-without-norm" not in deepseek.flags({**DEEPSEEK, "rope_parameters": YARN})
+    assert "--mla-q-proj-without-norm" in _flags(DEEPSEEK_V2)
+    assert "--mla-q-proj-without-norm" not in _flags({**DEEPSEEK, "rope_parameters": YARN})
 
     def args(**kw):
         return SimpleNamespace(**{"multi_latent_attention": True, "q_lora_rank": None,
@@ -338,18 +341,16 @@ def test_deepseek_without_a_query_lora_is_built_without_a_query_norm():
 
     with pytest.raises(ConversionError, match="saved without --mla-q-proj-without-norm: "
                                               "megatron-core 0.19.2 normalises") as refused:
-        deepseek.check_built_alike(args(), Version("0.19.2"))
+        deepseek.V2.check_built_alike(args(), Version("0.19.2"))
     assert "written by a release before 0.19 with that release" in str(refused.value)
     for fine, release in ((args(), "0.18.2"), (args(mla_q_proj_without_norm=True), "0.19.2"),
                           (args(q_lora_rank=8), "0.19.2"), (args(qk_layernorm=False), "0.19.2")):
-        deepseek.check_built_alike(fine, Version(release))
+        deepseek.V2.check_built_alike(fine, Version(release))
 
 
 def test_hub_bookkeeping_of_deepseek_configs_is_not_refused():
     """The released DeepSeek configs name their remote-code classes (auto_map): bookkeeping,
     not network; the old-style rope_scaling spelling of YaRN reads as rope_parameters."""
-    from megatron_musa_patch.checkpoint.families import deepseek
-
     auto_map = {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"}
     old_style = {k: v for k, v in DEEPSEEK_V2.items() if k != "rope_parameters"}
@@ -357,8 +358,8 @@ def test_hub_bookkeeping_of_deepseek_configs_is_not_refused():
                                                                               "rope_theta")}
     config = {**old_style, "auto_map": auto_map, "rope_theta": 10000,
               "rope_scaling": {**rope, "type": "yarn"}}
-    deepseek.check(config)
-    flags = deepseek.flags(config)
+    families.family_of(config).check(config)
+    flags = _flags(config)
     assert flags[flags.index("--rope-type") + 1] == "yarn"
     assert flags[flags.index("--mscale-all-dim") + 1] == "0.707"
 

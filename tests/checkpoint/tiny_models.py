@@ -59,7 +59,55 @@ FAMILIES = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
             "beta_slow": 1, "original_max_position_embeddings": 4096, "mscale": 0.707,
             "mscale_all_dim": 0.707}}),
+    # Qwen3-30B-A3B's kind of layer: q/k norms, normalised top-k of softmax-scored experts, no
+    # shared expert (the hub spells the count num_experts)
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "norm_topk_prob": True}),
+    # Qwen1.5-MoE's: Q/K/V biases, unnormalised top-k, a shared expert behind a sigmoid gate;
+    # the first layer dense (mlp_only_layers), as Megatron's --moe-layer-freq says
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "norm_topk_prob": False, "mlp_only_layers": [0]}),
+    # Phi-4's kind: fused qkv_proj and gate_up_proj, GQA
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    # Phi-4-mini's: partial RoPE (three quarters of each head), tied embeddings
+    "phi4_mini": ("Phi3Config", "Phi3ForCausalLM", {
+        "pad_token_id": 0, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.75}}),
+    # Moonlight's: DeepSeek-V3 under its own hub fields, one expert group, default RoPE
+    "moonlight": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "first_k_dense_replace": 1,
+        "q_lora_rank": None, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+        "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 2, "num_experts_per_tok": 2,
+        "n_group": 1, "topk_group": 1, "moe_intermediate_size": 32, "routed_scaling_factor": 2.4,
+        "num_nextn_predict_layers": 0, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "aux_loss_alpha": 0.001, "seq_aux": True, "ep_size": 1, "moe_layer_freq": 1}),
 }
+
+#: model types transformers has no class for, made as the architecture they are and read by
+#: transformers as that (``reference``): name -> (made as, model_type written, transformers')
+RENAMED = {"kimi_k2": ("moonlight", "kimi_k2", "deepseek_v3")}
+
+
+def reference(hf_dir: Path) -> Path:
+    """The directory transformers reads for ``hf_dir``: itself, or, for a model type it has no
+    class for (Kimi-K2's), a copy that names the architecture's own type."""
+    import json
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    for made_as, model_type, theirs in RENAMED.values():
+        if config["model_type"] == model_type:
+            twin = hf_dir.parent / (hf_dir.name + ".transformers")
+            if not twin.exists():
+                twin.mkdir()
+                for file in hf_dir.iterdir():
+                    (twin / file.name).symlink_to(file.resolve())
+                (twin / "config.json").unlink()
+                (twin / "config.json").write_text(json.dumps({**config, "model_type": theirs}))
+            return twin
+    return hf_dir
 
 
 def make(family: str, root: Path, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
@@ -73,6 +121,18 @@ def make(family: str, root: Path, seed: int = 0, dtype: str = "float32", **overr
         # 4 layers, so that PP2 splits them
         return with_mtp(make("deepseek_v3", root, seed, dtype,
                              **{"num_hidden_layers": 4, **overrides}), seed)
+
+    if family in RENAMED:
+        import json
+
+        made_as, model_type, _ = RENAMED[family]
+        made = make(made_as, root, seed, dtype, **overrides)
+        config = json.loads((made / "config.json").read_text())
+        config.update(model_type=model_type, auto_map={
+            "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+            "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"})
+        (made / "config.json").write_text(json.dumps(config, indent=2))
+        return made.rename(root / family)
 
     config_class, model_class, extra = FAMILIES[family]
     config = getattr(transformers, config_class)(**{**SHAPE, **extra, **overrides})

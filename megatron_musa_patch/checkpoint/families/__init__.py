@@ -1,79 +1,82 @@
-"""The architecture families ``mmp checkpoint`` converts, and what every family shares: the
-embedding, the final norm and the output layer around the decoder layers.
-
-A family module provides ``ARCHITECTURES`` (Hugging Face class name -> model type), ``check``
-(refuse what it cannot map), ``flags`` (the Megatron flags that build the same network),
-``layer_to_megatron`` / ``layer_to_hf`` (one decoder layer's tensors, produced one at a time) and
-``config_from_args`` (the Hugging Face config of a checkpoint trained with stock
-``pretrain_gpt.py``)."""
+"""The architecture families ``mmp checkpoint`` converts: one module per family, each a table
+(``table.Family``: config fields and tensor rows, both directions) per Hugging Face model type,
+listed in its ``FAMILIES``; a module may instead refuse architectures with the reason
+(``REFUSED``: architecture -> paragraph). The modules are found here by their names, so adding
+a family is adding its file."""
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Callable, Iterator, Tuple
+import importlib
+import pkgutil
+from typing import Callable, Dict, Iterator, List, Tuple
 
 from ..errors import ConversionError
-from . import deepseek, dense, mixtral
+from .table import EMBEDDING, OUTPUT, Family, tied
 
-FAMILIES = (dense, mixtral, deepseek)
-EMBEDDING = "embedding.word_embeddings.weight"
-OUTPUT = "output_layer.weight"
+__all__ = ["EMBEDDING", "OUTPUT", "FAMILIES", "REFUSED", "family_of", "family_from_args",
+           "supported_architectures", "tied", "to_hf", "to_megatron"]
+
+#: the modules that make the tables, not families
+_MACHINERY = frozenset({"common", "fields", "rows", "table"})
 
 
-def family_of(config: dict) -> ModuleType:
+def _load() -> Tuple[Tuple[Family, ...], Dict[str, str]]:
+    families: List[Family] = []
+    refused: Dict[str, str] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name in _MACHINERY:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        families += getattr(module, "FAMILIES", ())
+        refused.update(getattr(module, "REFUSED", {}))
+    return tuple(families), refused
+
+
+FAMILIES, REFUSED = _load()
+
+
+def family_of(config: dict) -> Family:
+    """The table of a Hugging Face config: its architecture and model type together."""
     names = list(config.get("architectures") or [])
-    for family in FAMILIES:
-        for name in names:
-            if name in family.ARCHITECTURES:
-                if config.get("model_type") != family.ARCHITECTURES[name]:
-                    raise ConversionError(
-                        f"config.json: architecture {name} with model_type "
-                        f"{config.get('model_type')!r} (expected "
-                        f"{family.ARCHITECTURES[name]!r}); the directory looks edited. Nothing "
-                        f"was written.")
-                return family
-    known = sorted(a for f in FAMILIES for a in f.ARCHITECTURES)
+    kind = config.get("model_type")
+    for name in names:
+        if name in REFUSED:
+            raise ConversionError(f"config.json: {REFUSED[name]}")
+        types = [f.model_type for f in FAMILIES if f.architecture == name]
+        if kind in types:
+            return next(f for f in FAMILIES if f.architecture == name and f.model_type == kind)
+        if types:
+            raise ConversionError(
+                f"config.json: architecture {name} with model_type {kind!r} (expected "
+                f"{' or '.join(repr(t) for t in types)}); the directory looks edited. Nothing "
+                f"was written.")
     raise ConversionError(
-        f"config.json: architecture {names or '(none)'} (model_type "
-        f"{config.get('model_type')!r}) is not one this conversion maps; it maps "
-        f"{', '.join(known)}. Nothing was written.")
+        f"config.json: architecture {names or '(none)'} (model_type {kind!r}) is not one this "
+        f"conversion maps; it maps {', '.join(supported_architectures())}. Nothing was "
+        f"written.")
 
 
-def supported_architectures():
-    return sorted(a for f in FAMILIES for a in f.ARCHITECTURES)
-
-
-def tied(config: dict) -> bool:
-    return bool(config.get("tie_word_embeddings", False))
+def supported_architectures() -> List[str]:
+    return sorted({f.architecture for f in FAMILIES})
 
 
 def to_megatron(config: dict, get: Callable) -> Iterator[Tuple[str, object]]:
-    """Every tensor of the 1-process Megatron model, in order, from ``get(hf_name)``."""
-    family = family_of(config)
-    yield EMBEDDING, get("model.embed_tokens.weight")
-    for i in range(int(config["num_hidden_layers"])):
-        yield from family.layer_to_megatron(config, i, get)
-    yield "decoder.final_layernorm.weight", get("model.norm.weight")
-    if not tied(config):
-        yield OUTPUT, get("lm_head.weight")
-    if hasattr(family, "extra_to_megatron"):  # what comes after the decoder (DeepSeek's MTP)
-        yield from family.extra_to_megatron(config, get)
+    """Every tensor of the one-process Megatron model, in order, from ``get(hf_name)``."""
+    return family_of(config).to_megatron(config, get)
 
 
 def to_hf(config: dict, get: Callable) -> Iterator[Tuple[str, object]]:
     """Every tensor of the Hugging Face model, in order, from ``get(megatron_name)``."""
-    family = family_of(config)
-    yield "model.embed_tokens.weight", get(EMBEDDING)
-    for i in range(int(config["num_hidden_layers"])):
-        yield from family.layer_to_hf(config, i, get)
-    yield "model.norm.weight", get("decoder.final_layernorm.weight")
-    if not tied(config):
-        yield "lm_head.weight", get(OUTPUT)
-    if hasattr(family, "extra_to_hf"):
-        yield from family.extra_to_hf(config, get)
+    return family_of(config).to_hf(config, get)
 
 
-def family_from_args(args) -> ModuleType:
-    if getattr(args, "multi_latent_attention", False):
-        return deepseek
-    return mixtral if getattr(args, "num_experts", None) else dense
+def family_from_args(args) -> Family:
+    """The model type whose config the export makes from a checkpoint's args alone."""
+    found = [f for f in FAMILIES if f.made_from_args is not None and f.made_from_args(args)]
+    if len(found) != 1:
+        raise ConversionError(
+            f"the checkpoint's args describe {'no' if not found else 'more than one'} model "
+            f"type this conversion makes a config for "
+            f"({', '.join(f.model_type for f in found) or 'none of them'}). Give the model's "
+            f"config with --hf-config.")
+    return found[0]

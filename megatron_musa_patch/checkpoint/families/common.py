@@ -1,45 +1,14 @@
-"""What the families share: reading a Hugging Face config, refusing what no mapping knows, and
-the tensor layouts Megatron uses where Hugging Face keeps separate tensors."""
+"""What the families share: the RoPE settings in either spelling, the attention's sizes, the
+config fields and rows of a Llama-like decoder layer (RMSNorm, RoPE, grouped-query attention,
+SwiGLU), which most tables start from."""
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List
+from typing import Dict, List
 
 from ..errors import ConversionError
-
-#: config fields that describe how a checkpoint was saved or is run, not the network
-BOOKKEEPING = frozenset({
-    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
-    "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
-    "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
-    "is_encoder_decoder", "id2label", "label2id", "problem_type", "tokenizer_class",
-    "output_router_logits", "use_return_dict", "torchscript", "tie_encoder_decoder",
-    "pruned_heads", "add_cross_attention", "cross_attention_hidden_size", "finetuning_task",
-    "task_specific_params", "prefix", "sep_token_id", "decoder_start_token_id",
-    "quantization_config_", "max_length", "bad_words_ids", "num_labels",
-    # which remote-code classes trust_remote_code would load (the DeepSeek hub configs carry it)
-    "auto_map",
-})
-
-
-def check_fields(config: dict, family: str, understood: Iterable[str]) -> None:
-    """Every field of ``config`` is understood by the family, or bookkeeping: a field nobody
-    mapped could change the network without the conversion knowing."""
-    unknown = sorted(set(config) - set(understood) - BOOKKEEPING)
-    if unknown:
-        raise ConversionError(
-            f"config.json ({family}) has fields this conversion does not know: "
-            f"{', '.join(unknown)}. They may change the network, so nothing was written. If "
-            f"they do not (metadata of a newer transformers), remove them from a copy of the "
-            f"directory; otherwise this model needs a mapping of its own.")
-
-
-def require(config: dict, field: str, allowed, why: str) -> None:
-    value = config.get(field)
-    ok = value in allowed if isinstance(allowed, (tuple, list, set, frozenset)) else allowed(value)
-    if not ok:
-        raise ConversionError(
-            f"config.json: {field}={value!r} is not supported: {why}. Nothing was written.")
+from .fields import Field, fixed, sized, understood
+from .rows import ROW, Gated, GroupedQKV, Rename
 
 
 def rope(config: dict) -> dict:
@@ -62,7 +31,7 @@ LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
 def rope_flags(config: dict) -> List[str]:
     settings = rope(config)
     flags = ["--position-embedding-type", "rope", "--rotary-base", number(settings["rope_theta"]),
-             "--rotary-percent", "1.0"]
+             "--rotary-percent", repr(rotary_fraction(config))]
     if settings["rope_type"] == "default":
         return flags
     if settings["rope_type"] == "llama3":
@@ -80,49 +49,34 @@ def rope_flags(config: dict) -> List[str]:
         f"Nothing was written.")
 
 
+def rotary_fraction(config: dict) -> float:
+    """The share of each head's channels RoPE rotates (the first ones, as Megatron's
+    --rotary-percent rotates them)."""
+    value = rope(config).get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    return float(1.0 if value is None else value)
+
+
+def rope_from_args(args) -> dict:
+    """``rope_parameters`` of a checkpoint's args (default RoPE, or Llama 3.1's scaling)."""
+    found = {"rope_theta": float(args.rotary_base), "rope_type": "default"}
+    if getattr(args, "use_rope_scaling", False):
+        found = {**found, "rope_type": "llama3", "factor": float(args.rope_scaling_factor),
+                 **LLAMA3_FIXED}
+    if float(getattr(args, "rotary_percent", 1.0)) != 1.0:
+        found["partial_rotary_factor"] = float(args.rotary_percent)
+    return found
+
+
+def aux_loss_coeff(args) -> float:
+    """``--moe-aux-loss-coeff`` of a checkpoint's args: one value, or one per balancing type."""
+    value = getattr(args, "moe_aux_loss_coeff", 0.0)
+    value = value[0] if isinstance(value, (list, tuple)) else value
+    return float(value or 0.0)
+
+
 def number(value) -> str:
     value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
-
-
-# ----------------------------------------------------------------------------- layouts
-# torch is imported where a layout is computed (in the worker), not with the module: mmp
-# checkpoint's own process reads configs and plans without it
-
-
-def qkv_to_megatron(q, k, v, heads: int, groups: int, head_dim: int):
-    """Megatron's fused QKV: for each query group, its query heads, then its key, then its
-    value ([groups * (heads/groups + 2) * head_dim, ...]); a bias likewise."""
-    per_group = heads // groups
-    rest = q.shape[1:]
-    q = q.reshape(groups, per_group * head_dim, *rest)
-    k = k.reshape(groups, head_dim, *rest)
-    v = v.reshape(groups, head_dim, *rest)
-    import torch
-
-    return torch.cat([q, k, v], dim=1).reshape(groups * (per_group + 2) * head_dim, *rest)
-
-
-def qkv_from_megatron(qkv, heads: int, groups: int, head_dim: int):
-    per_group = heads // groups
-    rest = qkv.shape[1:]
-    grouped = qkv.reshape(groups, (per_group + 2) * head_dim, *rest)
-    q, k, v = grouped.split([per_group * head_dim, head_dim, head_dim], dim=1)
-    return (q.reshape(heads * head_dim, *rest), k.reshape(groups * head_dim, *rest),
-            v.reshape(groups * head_dim, *rest))
-
-
-def gated_to_megatron(gate, up):
-    """Megatron's gated MLP input projection: [gate; up] (its swiglu applies silu to the first
-    half)."""
-    import torch
-
-    return torch.cat([gate, up], dim=0)
-
-
-def gated_from_megatron(fc1):
-    gate, up = fc1.chunk(2, dim=0)
-    return gate, up
 
 
 def dims(config: dict) -> Dict[str, int]:
@@ -146,3 +100,76 @@ def arg(args, *names):
     raise ConversionError(
         f"the checkpoint's args hold none of {', '.join(names)}: written by a Megatron release "
         f"this conversion does not know. Give the model's config with --hf-config.")
+
+
+# ----------------------------------------------------------------------------- a Llama-like layer
+
+
+def _norm_epsilon(args):
+    return arg(args, "layernorm_epsilon", "norm_epsilon")
+
+
+def _heads(config: dict) -> int:
+    return int(config["num_attention_heads"])
+
+
+#: the fields of a Llama-like decoder (``rope`` from any of its three spellings)
+DECODER_FIELDS = (
+    Field("vocab_size"),  # the vocabulary flags come from the tokenizer and the rows
+    sized("num_hidden_layers", "--num-layers", "num_layers"),
+    sized("hidden_size", "--hidden-size", "hidden_size"),
+    sized("intermediate_size", "--ffn-hidden-size", "ffn_hidden_size"),
+    sized("num_attention_heads", "--num-attention-heads", "num_attention_heads"),
+    Field("num_key_value_heads",
+          lambda c: ["--group-query-attention", "--num-query-groups",
+                     str(int(c.get("num_key_value_heads") or _heads(c)))],
+          lambda a: a.num_query_groups if a.group_query_attention else a.num_attention_heads),
+    sized("head_dim", "--kv-channels", "kv_channels",
+          default=lambda c: int(c["hidden_size"]) // _heads(c)),
+    sized("max_position_embeddings", "--max-position-embeddings", "max_position_embeddings"),
+    Field("rms_norm_eps", lambda c: ["--norm-epsilon", repr(float(c["rms_norm_eps"]))],
+          _norm_epsilon),
+    Field("tie_word_embeddings",
+          lambda c: [] if c.get("tie_word_embeddings") else
+          ["--untie-embeddings-and-output-weights"],
+          lambda a: not a.untie_embeddings_and_output_weights),
+    Field("attention_dropout",
+          lambda c: ["--attention-dropout", repr(float(c.get("attention_dropout") or 0.0))],
+          lambda a: a.attention_dropout),
+    Field("rope_parameters", rope_flags, rope_from_args),
+    *understood("rope_theta", "rope_scaling"),  # rope_parameters' older spelling
+    fixed("hidden_act", ("silu",), "the SwiGLU of these families is silu-gated", "silu"),
+)
+
+
+def no_sliding_window(name: str = "sliding_window") -> Field:
+    return fixed(name, (None,), "Megatron's local attention has no sliding window", None)
+
+
+def only_full_attention(config: dict) -> None:
+    types = config.get("layer_types")
+    if types and set(types) != {"full_attention"}:
+        raise ConversionError(f"config.json: layer_types {sorted(set(types))}: only full "
+                              f"attention layers are supported. Nothing was written.")
+
+
+#: a Llama-like layer's norms and attention (Megatron's names, Hugging Face's), relative to
+#: the layer
+ATTENTION = (
+    Rename("input_layernorm.weight", "input_layernorm.weight"),
+    GroupedQKV("self_attention.linear_qkv.weight", "self_attn.q_proj.weight",
+               "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    Rename("self_attention.linear_proj.weight", "self_attn.o_proj.weight", ROW),
+    Rename("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
+)
+QKV_BIAS = (GroupedQKV("self_attention.linear_qkv.bias", "self_attn.q_proj.bias",
+                       "self_attn.k_proj.bias", "self_attn.v_proj.bias"),)
+QK_NORM = (Rename("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+           Rename("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"))
+
+
+def swiglu(megatron: str, hf: str, gate: str = "gate_proj", up: str = "up_proj",
+           down: str = "down_proj"):
+    """A SwiGLU MLP's rows under the prefixes ``megatron`` and ``hf``."""
+    return (Gated(megatron + "linear_fc1.weight", f"{hf}{gate}.weight", f"{hf}{up}.weight"),
+            Rename(megatron + "linear_fc2.weight", f"{hf}{down}.weight", ROW))

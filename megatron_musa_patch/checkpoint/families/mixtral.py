@@ -6,68 +6,43 @@ weights. Megatron's local spec holds the experts as ``mlp.experts.local_experts.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Tuple
+from .common import ATTENTION, aux_loss_coeff, DECODER_FIELDS, no_sliding_window, swiglu
+from .fields import Field, fixed, sized
+from .rows import Rename
+from .table import Family, Section
 
-from . import common, dense
-
-ARCHITECTURES = {"MixtralForCausalLM": "mixtral"}
-
-FIELDS = {"mixtral": dense.FIELDS["mistral"] | {"num_local_experts", "num_experts_per_tok",
-                                                 "router_aux_loss_coef", "router_jitter_noise"}}
+EXPERTS = ("mlp.experts.local_experts.{e}.", "block_sparse_moe.experts.{e}.")
 
 
-def check(config: dict) -> None:
-    common.check_fields(config, "mixtral", FIELDS["mixtral"])
-    common.require(config, "hidden_act", ("silu",), "Mixtral's experts are silu-gated")
-    common.require(config, "sliding_window", (None,),
-                   "Megatron's local attention has no sliding window")
-    common.require(config, "router_jitter_noise", (None, 0, 0.0),
-                   "Megatron's router has no jitter noise")
+def _experts(config: dict) -> int:
+    return int(config["num_local_experts"])
 
 
-def flags(config: dict) -> List[str]:
-    out = dense.flags({**config, "model_type": "mistral"})
-    out += ["--num-experts", str(int(config["num_local_experts"])),
-            "--moe-router-topk", str(int(config["num_experts_per_tok"])),
-            "--moe-router-load-balancing-type", "aux_loss",
-            "--moe-aux-loss-coeff", repr(float(config.get("router_aux_loss_coef") or 0.0))]
-    return out
+def routed_by_top_k(args) -> bool:
+    """A checkpoint of a MoE model with a Llama-like attention and neither shared experts nor
+    query/key norms or biases."""
+    return (bool(getattr(args, "num_experts", None))
+            and not getattr(args, "multi_latent_attention", False)
+            and not getattr(args, "qk_layernorm", False)
+            and not getattr(args, "add_qkv_bias", False)
+            and not getattr(args, "moe_shared_expert_intermediate_size", None))
 
 
-def layer_to_megatron(config: dict, i: int, get: Callable) -> Iterator[Tuple[str, object]]:
-    hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-    yield from dense.attention_to_megatron({**config, "model_type": "mistral"}, i, get)
-    moe = hf + "block_sparse_moe."
-    yield mg + "mlp.router.weight", get(moe + "gate.weight")
-    for e in range(int(config["num_local_experts"])):
-        expert = f"{moe}experts.{e}."
-        out = f"{mg}mlp.experts.local_experts.{e}."
-        yield out + "linear_fc1.weight", common.gated_to_megatron(get(expert + "w1.weight"),
-                                                                  get(expert + "w3.weight"))
-        yield out + "linear_fc2.weight", get(expert + "w2.weight")
+MIXTRAL = Family(
+    "mixtral", "MixtralForCausalLM",
+    fields=DECODER_FIELDS + (
+        no_sliding_window(),
+        sized("num_local_experts", "--num-experts", "num_experts"),
+        sized("num_experts_per_tok", "--moe-router-topk", "moe_router_topk"),
+        Field("router_aux_loss_coef",
+              lambda c: ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff",
+                         repr(float(c.get("router_aux_loss_coef") or 0.0))],
+              aux_loss_coeff),
+        fixed("router_jitter_noise", (None, 0, 0.0), "Megatron's router has no jitter noise",
+              0.0)),
+    layer=(Section(ATTENTION + (Rename("mlp.router.weight", "block_sparse_moe.gate.weight"),)),
+           Section(swiglu("", "", "w1", "w3", "w2"), experts=EXPERTS)),
+    experts=_experts,
+    made_from_args=routed_by_top_k)
 
-
-def layer_to_hf(config: dict, i: int, get: Callable) -> Iterator[Tuple[str, object]]:
-    hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-    yield from dense.attention_to_hf({**config, "model_type": "mistral"}, i, get)
-    moe = hf + "block_sparse_moe."
-    yield moe + "gate.weight", get(mg + "mlp.router.weight")
-    for e in range(int(config["num_local_experts"])):
-        source = f"{mg}mlp.experts.local_experts.{e}."
-        gate, up = common.gated_from_megatron(get(source + "linear_fc1.weight"))
-        yield f"{moe}experts.{e}.w1.weight", gate
-        yield f"{moe}experts.{e}.w3.weight", up
-        yield f"{moe}experts.{e}.w2.weight", get(source + "linear_fc2.weight")
-
-
-def config_from_args(args, base: dict) -> dict:
-    config = dense.config_from_args(args, base)
-    for key in ("attention_bias", "mlp_bias"):
-        config.pop(key, None)
-    config.update({
-        "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
-        "num_local_experts": args.num_experts, "num_experts_per_tok": args.moe_router_topk,
-        "router_aux_loss_coef": args.moe_aux_loss_coeff, "router_jitter_noise": 0.0,
-        "sliding_window": None,
-    })
-    return config
+FAMILIES = (MIXTRAL,)
