@@ -249,6 +249,8 @@ def main(argv=None) -> int:
                    "export-hf": (root / "exported", export_hf)}
             for suffix, other in variants.items():  # each exports the import made its way
                 fns[f"import-hf {suffix}"] = (root / "ckpt", functools.partial(import_hf, other))
+                fns[f"{pipeline} {suffix}"] = (root / "ckpt_pp", functools.partial(import_pp,
+                                                                                    other))
                 fns[f"export-hf {suffix}"] = (root / "exported",
                                               functools.partial(export_hf, other))
             return fns

@@ -21,7 +21,7 @@ from megatron_musa_patch.upstream.checkpoint_files import (COMMON_STATE, DIST_ME
 
 from . import processes, saved_args
 from .errors import ConversionError
-from .hf import check_new_dir, config_dtype, tmp_prefix
+from .hf import check_new_dir, config_dtype, publish, tmp_prefix
 from .plan import Layout, Plan
 from .worker import ENTRY
 
@@ -79,7 +79,8 @@ def import_hf(hf_dir, save, layout: Layout, ckpt_format: str) -> None:
             target.rmdir()
         os.replace(final, target)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with processes.uninterrupted():
+            shutil.rmtree(work, ignore_errors=True)
     print(f"mmp checkpoint: {source.path} -> {target} ({family.model_type}, {ckpt_format}, "
           f"{layout}). Its model flags ({target / FLAGS_FILE}):")
     print((target / FLAGS_FILE).read_text(), end="")
@@ -246,9 +247,12 @@ def export_hf(load, hf_dir, hf_config: Optional[str], max_shard_size: float) -> 
                      ["--load", str(load), "--save", str(source), "--ckpt-format", "torch"], lm)
         run_step("dump", 1, plan, work, common + _export_vocabulary(args.padded_vocab_size, 1) +
                  Layout().flags() + ["--load", str(source), "--ckpt-format", _format(source)], lm)
+        with processes.uninterrupted():  # the step wrote it; in place here, or not at all
+            publish(written, target)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(written, ignore_errors=True)  # renamed into place when it finished
+        with processes.uninterrupted():
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(written, ignore_errors=True)  # renamed into place when it finished
     print(f"mmp checkpoint: {load} -> {target} ({config['architectures'][0]}, {dtype})")
 
 

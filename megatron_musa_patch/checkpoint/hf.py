@@ -243,8 +243,10 @@ class HFWriter:
         self.target = Path(target)
         check_new_dir(self.target, "--hf-dir")
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        # ``tmp``: the directory to write in, made by whoever asked for the export (it removes
-        # it should this process be killed); by default one made here
+        # ``tmp``: the directory to write in, made by whoever asked for the export, who also
+        # renames it into place (or removes it: this process may be stopped half-way); by
+        # default one made here and renamed by ``finish``
+        self.publish = tmp is None
         self.tmp = Path(tmp) if tmp is not None else Path(tempfile.mkdtemp(
             prefix=tmp_prefix(self.target), dir=self.target.parent))
         self.max_shard_bytes = max_shard_bytes
@@ -294,10 +296,9 @@ class HFWriter:
             shutil.copy2(path, self.tmp / Path(path).name)
         (self.tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         self.tmp.chmod(0o777 & ~_umask())  # as save_pretrained's directory (mkdtemp's is 0700)
-        if self.target.exists():
-            self.target.rmdir()  # empty, checked above
-        os.replace(self.tmp, self.target)
-        return self.target
+        if not self.publish:
+            return self.tmp
+        return publish(self.tmp, self.target)
 
     def abandon(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -307,6 +308,14 @@ def read_config(path, flag: str = "--hf-config") -> Optional[dict]:
     file = Path(path)
     file = file / CONFIG if file.is_dir() else file
     return read_json(file, flag) if file.is_file() else None
+
+
+def publish(written: Path, target: Path) -> Path:
+    """The complete directory ``written`` renamed to ``target`` (absent, or empty)."""
+    if target.exists():
+        target.rmdir()
+    os.replace(written, target)
+    return target
 
 
 def check_new_dir(target: Path, flag: str) -> None:

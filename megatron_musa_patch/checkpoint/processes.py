@@ -53,20 +53,36 @@ def interruptible():
             signal.signal(sig, before)
 
 
+@contextlib.contextmanager
+def uninterrupted():
+    """Within: ``STOPPING`` signals wait (blocked) until the end, so that starting a step,
+    stopping one or removing what a conversion wrote is never cut short; one that came meanwhile
+    is delivered on the way out."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def run(cmd: List[str], env: dict) -> int:
     """``cmd`` in a session of its own; its exit status once it and every process it started
     have ended (what is left of them when it ends is stopped then)."""
     _become_subreaper()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    with uninterrupted():
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait()
     finally:
-        stop(proc)
+        with uninterrupted():
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to every process this one started, SIGKILL to those left after ``GRACE_S``;
-    returns once they have ended and been reaped."""
+    """SIGTERM to the step and every process it started, SIGKILL to those left after
+    ``GRACE_S``; returns once they have ended and been reaped."""
+    if proc.poll() is None:
+        proc.terminate()  # the step itself, whether or not /proc shows what it started
     if not _signal(descendants(os.getpid()), signal.SIGTERM):
         proc.wait()
         return

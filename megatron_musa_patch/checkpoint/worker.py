@@ -116,6 +116,8 @@ def fill(plan: Plan, model) -> None:
     if families.tied(config) and families.OUTPUT in local:  # the last stage's copy (PP > 1)
         wanted.append(Bound(families.OUTPUT, ("model.embed_tokens.weight",),
                             Rename("", "", COLUMN)))
+    # the copies compared first: a checkpoint that cannot be held is refused before filling
+    wanted.sort(key=lambda pair: not isinstance(pair.row, Copy))
     get = source.reading([n for pair in wanted for n in pair.hf] +
                          [pair.row.same_as for pair in wanted if isinstance(pair.row, Copy)])
     dims = family.dims(config)

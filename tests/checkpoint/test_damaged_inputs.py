@@ -154,7 +154,11 @@ def test_export_makes_a_config_only_for_one_model_type():
     assert families.family_from_args(args(num_experts=8, qk_layernorm=True)).model_type == \
         "qwen3_moe"
     assert families.family_from_args(args(
-        num_experts=8, add_qkv_bias=True,
-        moe_shared_expert_intermediate_size=48)).model_type == "qwen2_moe"
-    with pytest.raises(ConversionError, match="describe no model type"):
-        families.family_from_args(args(num_experts=8, moe_shared_expert_intermediate_size=48))
+        num_experts=8, add_qkv_bias=True, moe_shared_expert_intermediate_size=48,
+        moe_shared_expert_gate=True)).model_type == "qwen2_moe"
+    for other in ({"moe_shared_expert_intermediate_size": 48},  # a shared expert, no gate
+                  {"add_qkv_bias": True, "moe_shared_expert_intermediate_size": 48},
+                  {"moe_router_score_function": "sigmoid"},  # no softmax-routed family's
+                  {"moe_router_topk_scaling_factor": 2.5}):
+        with pytest.raises(ConversionError, match="describe no model type"):
+            families.family_from_args(args(num_experts=8, **other))

@@ -71,7 +71,8 @@ FAMILIES = {
         "shared_expert_intermediate_size": 48, "norm_topk_prob": False, "mlp_only_layers": [0]}),
     # Phi-4's kind: fused qkv_proj and gate_up_proj, GQA
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
-    # Phi-4-mini's: partial RoPE (three quarters of each head), tied embeddings
+    # partial RoPE (three quarters of each head, as Phi-4-mini, here without its LongRoPE), tied
+    # embeddings
     "phi4_mini": ("Phi3Config", "Phi3ForCausalLM", {
         "pad_token_id": 0, "tie_word_embeddings": True,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,

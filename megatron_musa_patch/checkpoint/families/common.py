@@ -146,6 +146,12 @@ def no_sliding_window(name: str = "sliding_window") -> Field:
     return fixed(name, (None,), "Megatron's local attention has no sliding window", None)
 
 
+#: Qwen's sliding-window fields: the window off, its settings then read by nothing
+QWEN_WINDOW = (fixed("use_sliding_window", (None, False),
+                     "Megatron's local attention has no sliding window", False),
+               *understood("sliding_window", "max_window_layers", "layer_types"))
+
+
 def only_full_attention(config: dict) -> None:
     types = config.get("layer_types")
     if types and set(types) != {"full_attention"}:
@@ -173,3 +179,21 @@ def swiglu(megatron: str, hf: str, gate: str = "gate_proj", up: str = "up_proj",
     """A SwiGLU MLP's rows under the prefixes ``megatron`` and ``hf``."""
     return (Gated(megatron + "linear_fc1.weight", f"{hf}{gate}.weight", f"{hf}{up}.weight"),
             Rename(megatron + "linear_fc2.weight", f"{hf}{down}.weight", ROW))
+
+
+def routed_by_softmax(args) -> bool:
+    """A checkpoint's MoE router scores experts by softmax, unscaled (Mixtral's and Qwen's)."""
+    return (getattr(args, "moe_router_score_function", "softmax") == "softmax"
+            and float(getattr(args, "moe_router_topk_scaling_factor", None) or 1.0) == 1.0
+            and not getattr(args, "moe_router_num_groups", None))
+
+
+def aux_loss_flags(config: dict) -> List[str]:
+    """Megatron's auxiliary load-balancing loss at the config's ``router_aux_loss_coef``."""
+    return ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff",
+            repr(float(config.get("router_aux_loss_coef") or 0.0))]
+
+
+#: a MoE layer's router, and the prefixes of its experts (Megatron's, Hugging Face's)
+ROUTER = (Rename("mlp.router.weight", "mlp.gate.weight"),)
+EXPERTS = ("mlp.experts.local_experts.{e}.", "mlp.experts.{e}.")

@@ -18,7 +18,9 @@ settings Megatron's MLA fixes otherwise (original_max_position_embeddings 4096, 
 beta_slow 1).
 
 Kimi-K2 and Moonlight are DeepSeek-V3 networks: Moonlight's config says ``deepseek_v3``,
-Kimi-K2's its own ``kimi_k2``; both map with V3's table."""
+Kimi-K2's its own ``kimi_k2``; both map with V3's table. The released Kimi-K2 itself is refused
+by the YaRN rule above (its ``beta_fast`` and ``beta_slow`` are 1); a checkpoint of its
+architecture with default RoPE or Megatron's YaRN converts."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Iterator, List, Tuple
 
 from ..errors import ConversionError
 from . import common
-from .common import DECODER_FIELDS, swiglu
+from .common import DECODER_FIELDS, EXPERTS, ROUTER, swiglu
 from .fields import Field, fixed, sized, understood
 from .rows import COLUMN, REPLICATED, ROW, Copy, Rename
 from .table import EMBEDDING, LOCAL_SPEC, OUTPUT, Bound, Family, Section
@@ -135,6 +137,16 @@ def _shared(config: dict) -> List[str]:
             str(int(config["moe_intermediate_size"]) * count)]
 
 
+def _shared_from_args(args) -> int:
+    size = getattr(args, "moe_shared_expert_intermediate_size", None) or 0
+    if size % args.moe_ffn_hidden_size:
+        raise ConversionError(
+            f"the checkpoint's --moe-shared-expert-intermediate-size {size} is not a multiple of "
+            f"--moe-ffn-hidden-size {args.moe_ffn_hidden_size}: DeepSeek's config counts shared "
+            f"experts of the routed experts' size. Give a config with --hf-config.")
+    return size // args.moe_ffn_hidden_size
+
+
 def _q_lora_flags(config: dict) -> List[str]:
     if q_lora(config):
         return ["--q-lora-rank", str(q_lora(config))]
@@ -207,9 +219,8 @@ SHARED_FIELDS = tuple(f for f in DECODER_FIELDS if f.name in _NAMES) + (
     *understood("rope_theta", "rope_scaling"),
     sized("n_routed_experts", "--num-experts", "num_experts"),
     sized("moe_intermediate_size", "--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
-    Field("n_shared_experts", _shared, lambda a: (getattr(
-        a, "moe_shared_expert_intermediate_size", None) or 0) // a.moe_ffn_hidden_size,
-        allowed=lambda v: v is None or int(v) >= 0, why="a count of shared experts"),
+    Field("n_shared_experts", _shared, lambda a: _shared_from_args(a),
+          allowed=lambda v: v is None or int(v) >= 0, why="a count of shared experts"),
     Field("first_k_dense_replace", _layer_freq, _dense_from_args),
     sized("num_experts_per_tok", "--moe-router-topk", "moe_router_topk"),
     Field("routed_scaling_factor",
@@ -303,12 +314,10 @@ def _layer(router):
                                            "post_attention_layernorm.weight"),)),
         Section(swiglu("mlp.", "mlp."), where=lambda c, i: not _moe(c, i)),
         Section(router, where=_moe),
-        Section(swiglu("", ""), where=_moe,
-                experts=("mlp.experts.local_experts.{e}.", "mlp.experts.{e}.")),
+        Section(swiglu("", ""), where=_moe, experts=EXPERTS),
         Section(swiglu("mlp.shared_experts.", "mlp.shared_experts."), where=_with_shared))
 
 
-ROUTER = (Rename("mlp.router.weight", "mlp.gate.weight"),)
 #: V3's aux-loss-free routing bias (kept in float32 on both sides)
 EXPERT_BIAS = (Rename("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias"),)
 

@@ -6,14 +6,12 @@ Megatron side that is the local spec's GPT layer (``--transformer-impl local``).
 
 from __future__ import annotations
 
-from .common import (ATTENTION, DECODER_FIELDS, QK_NORM, QKV_BIAS, no_sliding_window,
+from .common import (ATTENTION, DECODER_FIELDS, QK_NORM, QKV_BIAS, QWEN_WINDOW, no_sliding_window,
                      only_full_attention, swiglu)
-from .fields import fixed, understood
+from .fields import fixed
 from .table import LOCAL_SPEC, Family, Section
 
 MLP = swiglu("mlp.", "mlp.")
-NO_SLIDING = fixed("use_sliding_window", (None, False),
-                   "Megatron's local attention has no sliding window", False)
 NO_OUTPUT_BIAS = fixed("attention_bias", (None, False),
                        "Megatron's --add-qkv-bias covers Q, K and V, not the output projection",
                        False)
@@ -41,11 +39,9 @@ MISTRAL = Family("mistral", "MistralForCausalLM",
                  fields=DECODER_FIELDS + (no_sliding_window(),),
                  layer=(Section(ATTENTION + MLP),))
 
-_QWEN_WINDOW = (NO_SLIDING, *understood("sliding_window", "max_window_layers", "layer_types"))
-
 QWEN2 = Family(
     "qwen2", "Qwen2ForCausalLM",
-    fields=DECODER_FIELDS + _QWEN_WINDOW,
+    fields=DECODER_FIELDS + QWEN_WINDOW,
     always=LOCAL_SPEC + ("--add-qkv-bias",),
     layer=(Section(ATTENTION + QKV_BIAS + MLP),),
     checks=(only_full_attention,),
@@ -53,7 +49,7 @@ QWEN2 = Family(
 
 QWEN3 = Family(
     "qwen3", "Qwen3ForCausalLM",
-    fields=DECODER_FIELDS + _QWEN_WINDOW + (NO_OUTPUT_BIAS,),
+    fields=DECODER_FIELDS + QWEN_WINDOW + (NO_OUTPUT_BIAS,),
     always=LOCAL_SPEC + ("--qk-layernorm",),
     layer=(Section(ATTENTION + QK_NORM + MLP),),
     checks=(only_full_attention,),

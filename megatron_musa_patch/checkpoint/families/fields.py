@@ -21,20 +21,19 @@ BOOKKEEPING = frozenset({
     "output_router_logits", "use_return_dict", "torchscript", "tie_encoder_decoder",
     "pruned_heads", "add_cross_attention", "cross_attention_hidden_size", "finetuning_task",
     "task_specific_params", "prefix", "sep_token_id", "decoder_start_token_id",
-    "quantization_config_", "max_length", "bad_words_ids", "num_labels",
+    "max_length", "bad_words_ids", "num_labels",
     # which remote-code classes trust_remote_code would load (the DeepSeek and Kimi hub configs)
     "auto_map",
 })
 
-#: ``from_args`` result of a field the export leaves out of the config
-OMIT = object()
+_UNWRITTEN = object()
 
 
 @dataclass(frozen=True)
 class Field:
     """``name``: the config key. ``flags(config)``: the Megatron flags it means (called whether
     or not the config holds it, so a default is a flag too). ``from_args(args)``: the value the
-    export writes (``OMIT``: none; a field without it is not written). ``allowed``: the values
+    export writes (a field without it is not written). ``allowed``: the values
     Megatron builds (a tuple, or a predicate; None: any), refused with ``why`` otherwise."""
 
     name: str
@@ -69,11 +68,11 @@ def sized(name: str, flag: str, attribute: str, default: Callable[[dict], Any] =
     return Field(name, flags, lambda args: getattr(args, attribute))
 
 
-def fixed(name: str, allowed, why: str, written=OMIT) -> Field:
+def fixed(name: str, allowed, why: str, written=_UNWRITTEN) -> Field:
     """A field whose only values are those Megatron's layers compute (no flag); the export
     writes ``written``."""
     return Field(name, allowed=allowed, why=why,
-                 from_args=None if written is OMIT else (lambda args: written))
+                 from_args=None if written is _UNWRITTEN else (lambda args: written))
 
 
 def understood(*names: str) -> List[Field]:
@@ -103,10 +102,5 @@ def check_fields(config: dict, model_type: str, fields) -> None:
 
 
 def config_of(fields, args) -> dict:
-    out = {}
-    for field in fields:
-        if field.from_args is not None:
-            value = field.from_args(args)
-            if value is not OMIT:
-                out[field.name] = value
-    return out
+    return {field.name: field.from_args(args) for field in fields
+            if field.from_args is not None}

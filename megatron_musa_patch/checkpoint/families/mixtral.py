@@ -6,7 +6,8 @@ weights. Megatron's local spec holds the experts as ``mlp.experts.local_experts.
 
 from __future__ import annotations
 
-from .common import ATTENTION, aux_loss_coeff, DECODER_FIELDS, no_sliding_window, swiglu
+from .common import (ATTENTION, DECODER_FIELDS, aux_loss_coeff, aux_loss_flags,
+                     no_sliding_window, routed_by_softmax, swiglu)
 from .fields import Field, fixed, sized
 from .rows import Rename
 from .table import Family, Section
@@ -21,7 +22,7 @@ def _experts(config: dict) -> int:
 def routed_by_top_k(args) -> bool:
     """A checkpoint of a MoE model with a Llama-like attention and neither shared experts nor
     query/key norms or biases."""
-    return (bool(getattr(args, "num_experts", None))
+    return (bool(getattr(args, "num_experts", None)) and routed_by_softmax(args)
             and not getattr(args, "multi_latent_attention", False)
             and not getattr(args, "qk_layernorm", False)
             and not getattr(args, "add_qkv_bias", False)
@@ -34,10 +35,7 @@ MIXTRAL = Family(
         no_sliding_window(),
         sized("num_local_experts", "--num-experts", "num_experts"),
         sized("num_experts_per_tok", "--moe-router-topk", "moe_router_topk"),
-        Field("router_aux_loss_coef",
-              lambda c: ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff",
-                         repr(float(c.get("router_aux_loss_coef") or 0.0))],
-              aux_loss_coeff),
+        Field("router_aux_loss_coef", aux_loss_flags, aux_loss_coeff),
         fixed("router_jitter_noise", (None, 0, 0.0), "Megatron's router has no jitter noise",
               0.0)),
     layer=(Section(ATTENTION + (Rename("mlp.router.weight", "block_sparse_moe.gate.weight"),)),

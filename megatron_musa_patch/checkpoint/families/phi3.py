@@ -1,9 +1,9 @@
 """Phi-3 and Phi-4 (``Phi3ForCausalLM``): a Llama-like decoder whose checkpoint holds Q, K and V
 in one ``qkv_proj`` (all queries, then keys, then values) and the MLP's gate and up in one
 ``gate_up_proj`` (gate first, as Megatron's fused fc1 has them). Partial RoPE
-(``partial_rotary_factor``, Phi-4-mini) is Megatron's ``--rotary-percent``. Refused: LongRoPE
-(Phi-3's 128k and Phi-3.5 models) and a sliding window shorter than the model's positions
-(Phi-3-mini-4k's 2047)."""
+(``partial_rotary_factor``) is Megatron's ``--rotary-percent``. Refused: LongRoPE (Phi-3's 128k
+models, Phi-3.5, and Phi-4-mini, whose RoPE is both partial and LongRoPE) and a sliding window
+shorter than the model's positions (Phi-3-mini-4k's 2047)."""
 
 from __future__ import annotations
 

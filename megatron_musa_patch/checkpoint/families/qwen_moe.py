@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import List
 
-from .common import ATTENTION, aux_loss_coeff, DECODER_FIELDS, QK_NORM, QKV_BIAS, only_full_attention, swiglu
-from .fields import Field, fixed, sized, understood
+from .common import (ATTENTION, DECODER_FIELDS, EXPERTS, QK_NORM, QKV_BIAS, QWEN_WINDOW, ROUTER,
+                     aux_loss_coeff, aux_loss_flags, only_full_attention, routed_by_softmax,
+                     swiglu)
+from .fields import Field, fixed, sized
 from .rows import Rename
 from .table import LOCAL_SPEC, Family, Section
-
-EXPERTS = ("mlp.experts.local_experts.{e}.", "mlp.experts.{e}.")
 
 
 def experts(config: dict) -> int:
@@ -49,9 +49,6 @@ def _pattern(args) -> List[int]:
     return [int(i % int(freq) == 0) for i in range(args.num_layers)]
 
 
-def _balancing(config: dict) -> List[str]:
-    return ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff",
-            repr(float(config.get("router_aux_loss_coef") or 0.0))]
 
 
 #: the fields both model types share (besides the decoder's)
@@ -62,26 +59,25 @@ MOE_FIELDS = (
     sized("moe_intermediate_size", "--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
     Field("norm_topk_prob", lambda c: [] if c.get("norm_topk_prob") else
           ["--moe-router-pre-softmax"], lambda a: not getattr(a, "moe_router_pre_softmax", False)),
-    Field("router_aux_loss_coef", _balancing, aux_loss_coeff),
+    Field("router_aux_loss_coef", aux_loss_flags, aux_loss_coeff),
     Field("decoder_sparse_step", _layer_freq, lambda a: 1),
     Field("mlp_only_layers", from_args=lambda a: [i for i, f in enumerate(_pattern(a)) if not f]),
-    fixed("use_sliding_window", (None, False), "Megatron's local attention has no sliding window",
-          False),
-    *understood("sliding_window", "max_window_layers", "layer_types"),
+    *QWEN_WINDOW,
 )
 
 
 def _args_are(qkv_bias: bool, qk_norm: bool, shared: bool):
+    """A checkpoint of this type: its experts softmax-routed, unscaled, and (Qwen2-MoE) a
+    gated shared expert."""
     def test(args) -> bool:
-        return (bool(getattr(args, "num_experts", None))
+        return (bool(getattr(args, "num_experts", None)) and routed_by_softmax(args)
                 and not getattr(args, "multi_latent_attention", False)
                 and bool(getattr(args, "add_qkv_bias", False)) == qkv_bias
                 and bool(getattr(args, "qk_layernorm", False)) == qk_norm
-                and bool(getattr(args, "moe_shared_expert_intermediate_size", None)) == shared)
+                and bool(getattr(args, "moe_shared_expert_intermediate_size", None)) == shared
+                and bool(getattr(args, "moe_shared_expert_gate", False)) == shared)
     return test
 
-
-ROUTER = (Rename("mlp.router.weight", "mlp.gate.weight"),)
 
 QWEN3_MOE = Family(
     "qwen3_moe", "Qwen3MoeForCausalLM",

@@ -66,10 +66,6 @@ class Family:
     #: the attention's sizes a row's layout needs
     dims: Callable[[dict], Dict[str, int]] = common.dims
 
-    @property
-    def name(self) -> str:
-        return self.model_type
-
     # ------------------------------------------------------------------ config
     def check(self, config: dict) -> None:
         config_fields.check_fields(config, self.model_type, self.fields)
