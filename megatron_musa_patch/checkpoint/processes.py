@@ -55,9 +55,9 @@ def interruptible():
 
 @contextlib.contextmanager
 def uninterrupted():
-    """Within: ``STOPPING`` signals wait (blocked) until the end, so that starting a step,
-    stopping one or removing what a conversion wrote is never cut short; one that came meanwhile
-    is delivered on the way out."""
+    """Within: ``STOPPING`` signals wait (blocked) until the end, so that stopping a step or
+    removing what a conversion wrote is never cut short; one that came meanwhile is delivered
+    on the way out. (No process is started within: it would inherit the blocked signals.)"""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
     try:
         yield
@@ -69,8 +69,9 @@ def run(cmd: List[str], env: dict) -> int:
     """``cmd`` in a session of its own; its exit status once it and every process it started
     have ended (what is left of them when it ends is stopped then)."""
     _become_subreaper()
-    with uninterrupted():
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # not started with the signals blocked: a child inherits the mask, and the step's processes
+    # must take SIGTERM
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait()
     finally:

@@ -134,3 +134,16 @@ def test_an_interrupted_export_removes_the_directory_it_was_writing(lm_path, tmp
     assert proc.returncode == 143, log.read_text()[-3000:]
     assert alive(step) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imported", "llama"]
+
+
+def test_a_step_takes_the_signals_that_stop_it():
+    """A step's processes are started with no signal blocked (a step started while mmp blocks
+    them would ignore the SIGTERM that stops it)."""
+    import sys
+
+    from megatron_musa_patch.checkpoint import processes
+
+    code = processes.run([sys.executable, "-c", "import sys; sys.exit(int(next(l for l in open("
+                          "'/proc/self/status') if l.startswith('SigBlk')).split()[1], 16) != 0)"],
+                         env=dict(os.environ))
+    assert code == 0
