@@ -87,7 +87,7 @@ def fill(plan: Plan, model) -> None:
 
     from . import families, shards
     from .families.rows import COLUMN, Copy, Rename
-    from .families.table import Bound, check_copy
+    from .families.table import Bound
     from .hf import HFCheckpoint
     from .progress import bar
 
@@ -120,17 +120,11 @@ def fill(plan: Plan, model) -> None:
     wanted.sort(key=lambda pair: not isinstance(pair.row, Copy))
     get = source.reading([n for pair in wanted for n in pair.hf] +
                          [pair.row.same_as for pair in wanted if isinstance(pair.row, Copy)])
-    dims = family.dims(config)
     seen = set()
     with bar(total=len(wanted), desc="import-hf", unit="tensor") as progress:
-        for pair in wanted:
-            progress.update(1)
-            if isinstance(pair.row, Copy):
-                check_copy(pair, get)
-                continue
+        for pair, whole in family.converted(config, _counted(wanted, progress), get):
             name = local[pair.megatron]
             target = state[name]
-            whole = pair.row.to_megatron([get(n) for n in pair.hf], dims)
             tensor = shards.piece(pair.megatron, whole, target.shape, pair.row,
                                   vocabulary=pair.megatron in (families.EMBEDDING,
                                                                families.OUTPUT))
@@ -147,6 +141,13 @@ def fill(plan: Plan, model) -> None:
     if missing:
         raise SystemExit(f"mmp checkpoint: the mapping left Megatron tensors unfilled: "
                          f"{', '.join(missing[:5])}")
+
+
+def _counted(items, progress):
+    """``items``, each counted on ``progress`` as it is taken."""
+    for item in items:
+        progress.update(1)
+        yield item
 
 
 def _held_by_no_rank(elsewhere: set) -> set:

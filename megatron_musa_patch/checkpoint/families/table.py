@@ -106,19 +106,25 @@ class Family:
             if section.experts is None:
                 yield from _bound(section.rows, megatron, hf)
                 continue
-            theirs, ours = section.experts[1], section.experts[0]
+            ours, theirs = section.experts
             for e in range(self.experts(config)):
                 yield from _bound(section.rows, megatron + ours.format(e=e),
                                   hf + theirs.format(e=e))
 
     def to_megatron(self, config: dict, get: Callable) -> Iterator[Tuple[str, object]]:
         """Every tensor of the one-process Megatron model, in order, from ``get(hf_name)``."""
+        for pair, tensor in self.converted(config, self.mappings(config), get):
+            yield pair.megatron, tensor
+
+    def converted(self, config: dict, pairs, get: Callable) -> Iterator[Tuple[Bound, object]]:
+        """Each of ``pairs`` with its whole Megatron tensor, from ``get(hf_name)``; a ``Copy``
+        is compared with what it repeats (refused where it differs) and yields nothing."""
         dims = self.dims(config)
-        for pair in self.mappings(config):
+        for pair in pairs:
             if isinstance(pair.row, Copy):
                 check_copy(pair, get)
                 continue
-            yield pair.megatron, pair.row.to_megatron([get(n) for n in pair.hf], dims)
+            yield pair, pair.row.to_megatron([get(n) for n in pair.hf], dims)
 
     def to_hf(self, config: dict, get: Callable) -> Iterator[Tuple[str, object]]:
         """Every tensor of the Hugging Face model, in order, from ``get(megatron_name)``."""
