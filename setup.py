@@ -117,6 +117,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["megatron_musa_patch", "megatron_musa_patch.*"]),
     py_modules=["_megatron_musa_patch_boot"],
+    # the planner's device profiles (mmp plan --device NAME)
+    package_data={"megatron_musa_patch.lib.plan": ["profiles/*.json"]},
     install_requires=[
         # no version: pip never replaces an installed torch (on MUSA, the MUSA SDK's build); the
         # activation checks it against the torch table instead

@@ -22,6 +22,7 @@ commands:
   selftest [--layouts tp2,pp2,dp2,...]   tiny megatron-core GPT on this device, checked against 1 rank
   data ...                               tokenize, binarize and blend training data
   checkpoint import-hf|export-hf ...     Hugging Face models in and out of Megatron checkpoints
+  plan [--device D] [--search] SCRIPT ARGS   memory per rank and step time of a run, before it starts
 """
 
 
@@ -54,6 +55,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from megatron_musa_patch.checkpoint.cli import main as checkpoint
 
             return checkpoint(rest)
+        if command == "plan":
+            from .plan import main as plan
+
+            return plan(rest)
         if command == "data":
             try:
                 data_cli = importlib.import_module("megatron_musa_patch.data.cli")
@@ -116,11 +121,12 @@ def parsers() -> dict:
     from megatron_musa_patch.data.cli import parser as data_parser
 
     from .launch import parser as run_parser
+    from .plan import parser as plan_parser
     from .selftest import parser as selftest_parser
 
     return {"run": run_parser(), "doctor": doctor_parser("doctor"),
             "patches": doctor_parser("patches"), "selftest": selftest_parser(),
-            "data": data_parser(), "checkpoint": checkpoint_parser()}
+            "data": data_parser(), "checkpoint": checkpoint_parser(), "plan": plan_parser()}
 
 
 def _doctor(command: str, rest: List[str]) -> int:

@@ -1,0 +1,100 @@
+"""Pipeline schedules as Megatron orders them, timed: when each stage runs each forward and
+backward, given how long they take, and what that leaves idle.
+
+``order`` lists a stage's operations in the order Megatron's schedule runs them (1F1B; the
+interleaved schedule with micro-batches grouped by the pipeline size); ``simulate`` starts each
+operation as soon as its stage is free and its input has arrived (the previous virtual stage's
+forward, the next one's backward, plus the transfer) and returns each stage's finish and busy
+time. The bubble of a stage is its idle share of the longest stage's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+Op = Tuple[str, int, int]  # ("F" | "B", micro-batch, model chunk)
+
+
+def order(stage: int, stages: int, microbatches: int, chunks: int = 1) -> List[Op]:
+    if chunks == 1:
+        warmup = min(stages - stage - 1, microbatches)
+        forwards = [("F", k, 0) for k in range(microbatches)]
+        backwards = [("B", k, 0) for k in range(microbatches)]
+    else:
+        total = microbatches * chunks
+        warmup = min(total, (stages - stage - 1) * 2 + (chunks - 1) * stages)
+        forwards = [("F", _microbatch(k, stages, chunks), (k // stages) % chunks)
+                    for k in range(total)]
+        backwards = [("B", _microbatch(k, stages, chunks), chunks - 1 - (k // stages) % chunks)
+                     for k in range(total)]
+    ops: List[Op] = forwards[:warmup]
+    rest_f, rest_b = forwards[warmup:], backwards
+    for i, f in enumerate(rest_f):
+        ops.append(f)
+        ops.append(rest_b[i])
+    ops.extend(rest_b[len(rest_f):])
+    return ops
+
+
+def _microbatch(k: int, stages: int, chunks: int) -> int:
+    group = stages * chunks
+    return (k // group) * stages + k % stages
+
+
+@dataclasses.dataclass
+class Timeline:
+    makespan: float
+    finish: List[float]
+    busy: List[float]
+    events: Dict[int, List[Tuple[str, int, int, float, float]]]
+
+    def bubble(self, stage: int) -> float:
+        return 1.0 - self.busy[stage] / self.makespan if self.makespan else 0.0
+
+
+def simulate(forward_s: Sequence[float], backward_s: Sequence[float], microbatches: int,
+             chunks: int = 1, transfer_s: float = 0.0) -> Timeline:
+    """``forward_s[s]`` / ``backward_s[s]``: one micro-batch through one model chunk of stage s."""
+    stages = len(forward_s)
+    plans = [order(s, stages, microbatches, chunks) for s in range(stages)]
+    done: Dict[Tuple[str, int, int, int], float] = {}  # (kind, micro-batch, virtual stage)
+    free = [0.0] * stages
+    busy = [0.0] * stages
+    nxt = [0] * stages
+    events: Dict[int, List[Tuple[str, int, int, float, float]]] = {s: [] for s in range(stages)}
+    last = stages * chunks - 1
+    remaining = sum(len(p) for p in plans)
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            while nxt[s] < len(plans[s]):
+                kind, mb, chunk = plans[s][nxt[s]]
+                virtual = chunk * stages + s
+                if kind == "F":
+                    dep = ("F", mb, virtual - 1) if virtual > 0 else None
+                else:
+                    dep = ("B", mb, virtual + 1) if virtual < last else ("F", mb, virtual)
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + (
+                    transfer_s if dep[2] != virtual else 0.0)
+                start = max(free[s], ready)
+                length = forward_s[s] if kind == "F" else backward_s[s]
+                free[s] = start + length
+                busy[s] += length
+                done[(kind, mb, virtual)] = free[s]
+                events[s].append((kind, mb, chunk, start, free[s]))
+                nxt[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the schedule's order deadlocks (a bug in schedule.order)")
+    return Timeline(makespan=max(free) if free else 0.0, finish=free, busy=busy, events=events)
+
+
+def theoretical_bubble(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """(p-1) / (v*m + p-1): 1F1B's idle share with equal stages and free transfers."""
+    if stages <= 1:
+        return 0.0
+    return (stages - 1) / (chunks * microbatches + stages - 1)

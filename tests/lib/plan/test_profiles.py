@@ -1,0 +1,58 @@
+"""Device profiles: every shipped one loads and prices ops; a bad one is refused naming why."""
+
+import json
+
+import pytest
+
+from megatron_musa_patch.base.errors import ArgumentError
+from megatron_musa_patch.lib.plan import profile
+
+
+@pytest.mark.parametrize("name", profile.NAMES)
+def test_every_shipped_profile_loads_with_its_sources(name):
+    p = profile.load(name)
+    assert p.name == name and p.usable_bytes > 0
+    for field in ("memory_bytes", "peak_flops", "memory_bandwidth", "links"):
+        assert field in p.sources, f"{name}: {field} says nowhere where it comes from"
+    # a bigger product never takes less time; a bf16 one is never slower than fp32's
+    small, big = p.op_seconds(1e9, 1e6, 16), p.op_seconds(1e11, 1e7, 16)
+    assert big > small > 0
+    assert p.op_seconds(1e11, 1e7, 16) <= p.op_seconds(1e11, 1e7, 32)
+    assert p.collective_seconds("all_reduce", 2 ** 20, 8, 2) > \
+        p.collective_seconds("all_reduce", 2 ** 20, 8, 1) > 0
+
+
+def test_datasheet_figures_are_the_published_ones():
+    h100, s4000 = profile.load("h100"), profile.load("s4000")
+    assert h100.peak_flops["16"] == pytest.approx(989.4e12)
+    assert s4000.memory_bytes == 48 * 10 ** 9 and s4000.memory_bandwidth == 768e9
+    assert "announced" in profile.load("s5000").sources["peak_flops"]
+
+
+def test_unknown_device_lists_the_profiles():
+    with pytest.raises(ArgumentError) as err:
+        profile.load("a100")
+    assert all(name in str(err.value) for name in profile.NAMES)
+
+
+def test_a_profile_without_a_field_names_it(tmp_path):
+    data = json.load(open(profile.load("h200").path))
+    del data["memory_bandwidth"]
+    del data["links"]["inter_node"]["latency_s"]
+    bad = tmp_path / "mine.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ArgumentError) as err:
+        profile.load(str(bad))
+    assert "memory_bandwidth" in str(err.value)
+    assert "links.inter_node.latency_s" in str(err.value)
+
+
+def test_measured_figures_replace_the_datasheet():
+    data = json.load(open(profile.load("cpu").path))
+    data["measured"] = {"gemm": {"16": [[1e6, 1e9], [1e9, 1e11]]},
+                        "elementwise_bytes_per_s": {"16": 1e10}, "op_overhead_s": 0.0,
+                        "math_elements_per_s": 1e9, "step_efficiency": 2.0}
+    p = profile.from_dict(data)
+    assert p.op_seconds(1e9, 0, 16) == pytest.approx(2.0 * 1e9 / 1e11)
+    assert p.op_seconds(0, 1e10, 16) == pytest.approx(2.0)
+    assert p.op_seconds(0, 0, 16, elements=10 ** 9) == pytest.approx(2.0)

@@ -1,0 +1,48 @@
+"""The pipeline schedules the planner times: Megatron's orders, and the bubble they leave."""
+
+import pytest
+
+from megatron_musa_patch.lib.plan import schedule
+
+
+@pytest.mark.parametrize("stages,microbatches,chunks", [(2, 4, 1), (4, 8, 1), (4, 16, 1),
+                                                       (2, 4, 2), (4, 8, 2), (4, 12, 3)])
+def test_equal_stages_leave_the_theoretical_bubble(stages, microbatches, chunks):
+    # one micro-batch through a chunk: forward 1, backward 2 (each divided by the chunks)
+    t = schedule.simulate([1.0 / chunks] * stages, [2.0 / chunks] * stages, microbatches, chunks)
+    expected = schedule.theoretical_bubble(stages, microbatches, chunks)
+    for s in range(stages):
+        assert t.bubble(s) == pytest.approx(expected, abs=1e-9)
+    assert t.makespan == pytest.approx(3.0 * microbatches + 3.0 * (stages - 1) / chunks)
+
+
+@pytest.mark.parametrize("stages,microbatches,chunks", [(4, 8, 1), (4, 8, 2), (2, 6, 3)])
+def test_every_operation_once_and_backward_after_its_forward(stages, microbatches, chunks):
+    t = schedule.simulate([1.0] * stages, [2.0] * stages, microbatches, chunks)
+    for s in range(stages):
+        ops = [(kind, mb, c) for kind, mb, c, _, _ in t.events[s]]
+        assert sorted(ops) == sorted({(k, m, c) for k in "FB" for m in range(microbatches)
+                                      for c in range(chunks)})
+        end = {(kind, mb, c): stop for kind, mb, c, _, stop in t.events[s]}
+        start = {(kind, mb, c): begin for kind, mb, c, begin, _ in t.events[s]}
+        for mb in range(microbatches):
+            for c in range(chunks):
+                assert start[("B", mb, c)] >= end[("F", mb, c)]
+
+
+def test_one_f_one_b_holds_at_most_the_warmup_in_flight():
+    # 1F1B: stage s never has more than (stages - s) forwards without their backward
+    stages = 4
+    for s in range(stages):
+        in_flight = worst = 0
+        for kind, _, _ in schedule.order(s, stages, 8):
+            in_flight += 1 if kind == "F" else -1
+            worst = max(worst, in_flight)
+        assert worst == stages - s
+
+
+def test_a_slow_stage_sets_the_pace():
+    t = schedule.simulate([1.0, 2.0], [2.0, 4.0], 8)
+    # the slow stage is busy for 8 x 6 and idles only while the first micro-batch arrives
+    assert t.makespan == pytest.approx(8 * 6.0 + 1.0 + 2.0)
+    assert t.bubble(1) < t.bubble(0)

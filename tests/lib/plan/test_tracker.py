@@ -1,0 +1,92 @@
+"""The fake run's memory and work: the tracker against the CPU allocator's own count of the same
+step run for real (torch's profiler), and its accounting of compiled regions."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from megatron_musa_patch.lib.plan.tracker import Tracker, rounded
+
+
+def _step(model, x):
+    loss = torch.nn.functional.gelu(model(x)).square().mean()
+    loss.backward()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    opt.step()
+    return opt
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 256), torch.nn.LayerNorm(256))
+
+
+def _allocator_peak(fn) -> int:
+    """The most bytes the CPU allocator held live while ``fn`` ran (its own count)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        keep = fn()
+    peak, todo = 0, list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        node = todo.pop()
+        if node.tag == _EventType.Allocation:
+            peak = max(peak, node.extra_fields.total_allocated)
+        todo.extend(node.children)
+    del keep
+    return peak
+
+
+def test_fake_peak_equals_the_allocators_peak_of_the_real_step():
+    torch.manual_seed(0)
+    real = _allocator_peak(lambda: (lambda m: (m, _step(m, torch.randn(512, 256))))(_model()))
+    tracker = Tracker()
+    with FakeTensorMode(), tracker:
+        model = _model()
+        opt = _step(model, torch.randn(512, 256))
+    assert tracker.peak == pytest.approx(real, rel=0.01)
+    assert opt is not None
+
+
+def test_freed_storage_leaves_and_views_are_not_counted_twice():
+    tracker = Tracker()
+    with FakeTensorMode(), tracker:
+        a = torch.empty(1000, dtype=torch.float32)
+        view = a[10:20]
+        b = torch.empty(500, dtype=torch.bfloat16)
+        assert tracker.live == 4000 + 1000
+        del a
+        assert tracker.live == 5000  # the view keeps the storage
+        del view
+        assert tracker.live == 1000
+        del b
+    assert tracker.live == 0 and tracker.peak == 5000
+    assert tracker.peak_rounded == rounded(4000) + rounded(1000) == 4096 + 1024
+
+
+def test_a_compiled_region_counts_its_outputs_only():
+    def softmax_like(x):
+        y = (x - x.amax(-1, keepdim=True)).exp()
+        return y / y.sum(-1, keepdim=True)
+
+    eager, fused = Tracker(), Tracker()
+    with FakeTensorMode():
+        x = torch.empty(64, 1024)
+        with eager:
+            out = softmax_like(x)
+            del out
+        with fused:
+            out = fused.fused(softmax_like)(x)
+    assert out.shape == x.shape
+    assert fused.peak == 64 * 1024 * 4  # the output alone
+    assert eager.peak >= 2 * 64 * 1024 * 4  # an intermediate beside the output
+    (key, count), = fused.work["setup"].items()
+    assert count == 1 and key[1] == 2 * 64 * 1024 * 4 and key[3] > 0  # one op, math
+
+
+def test_a_value_asked_of_a_fake_tensor_is_neutral():
+    with FakeTensorMode(), Tracker():
+        t = torch.empty(4)
+        assert bool(torch.isnan(t).any()) is False
+        assert float(t.norm()) == 1.0
