@@ -87,10 +87,11 @@ def mmp(*args, env=None, timeout=1200) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def planned(lm_path: str, profile: str, args, extra=()) -> dict:
+def planned(lm_path: str, profile: str, args, extra=(), compiled_as_eager=False) -> dict:
     done = mmp("plan", "--device", profile, "--nproc-per-node", "2", "--json", "--no-levers",
                *extra, lm_script(lm_path), *args,
-               env=dict(os.environ, MEGATRON_LM_PATH=lm_path))
+               env=dict(os.environ, MEGATRON_LM_PATH=lm_path,
+                        MMP_PLAN_COMPILED_AS_EAGER="1" if compiled_as_eager else "0"))
     text = done.stdout.decode(errors="replace")
     start = text.find("{\n")
     if done.returncode != 0 or start < 0:
@@ -102,7 +103,8 @@ def measured_memory(lm_path: str, args, storages: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="mmp-measure-") as out:
         env = dict(os.environ, MEGATRON_LM_PATH=lm_path, MMP_PLAN_MEASURE_DIR=out,
                    MMP_PLAN_MEASURE_STORAGES="1" if storages else "0")
-        done = mmp("run", "--nproc-per-node", "2", os.path.join(HERE, "plan_measure_rank.py"),
+        done = mmp("run", "--standalone", "--nproc-per-node", "2",
+                   os.path.join(HERE, "plan_measure_rank.py"),
                    lm_script(lm_path), *args, "--train-iters", "5", env=env)
         if done.returncode != 0:
             raise RuntimeError(f"the measured run failed:\n{done.stdout.decode()[-3000:]}")
@@ -119,7 +121,7 @@ STEP = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(m
 
 def measured_step(lm_path: str, args, iters: int = 8) -> dict:
     env = dict(os.environ, MEGATRON_LM_PATH=lm_path)
-    done = mmp("run", "--nproc-per-node", "2", lm_script(lm_path), *args,
+    done = mmp("run", "--standalone", "--nproc-per-node", "2", lm_script(lm_path), *args,
                "--train-iters", str(iters), env=env)
     text = done.stdout.decode(errors="replace")
     if done.returncode != 0:
@@ -138,13 +140,21 @@ def compare(name, lm_path, profile, flags) -> dict:
     drifts = {rank: bool(row["allocator_per_step"]) and
               row["allocator_per_step"][-1] > 1.01 * row["allocator_per_step"][0]
               for rank, row in peaks.items()}
-    cross = measured_memory(lm_path, args, storages=True) if any(drifts.values()) else {}
+    cross, eager = {}, {}
+    if any(drifts.values()):
+        # the cross-check: the real run's storages, its compiled regions eager under the
+        # counting mode, against a plan that counts them eager too
+        cross = measured_memory(lm_path, args, storages=True)
+        eager = {r["rank"]: r["memory_bytes"]["steady_peak"]
+                 for r in planned(lm_path, profile, args, compiled_as_eager=True)["ranks"]}
     step = measured_step(lm_path, args)
     ranks = []
     for r in plan["ranks"]:
         mem, seen = r["memory_bytes"], peaks[r["rank"]]
         predicted = mem["steady_peak"]
-        allocator = seen["allocator_steady_peak"]
+        # the first steady step: a count that drifts (frees in other threads unseen) has
+        # gathered the least there
+        allocator = (seen["allocator_per_step"] or [seen["allocator_steady_peak"]])[0]
         storages = cross.get(r["rank"], {}).get("storages_steady_peak") or None
         steps = seen["allocator_per_step"]
         theory = (r.get("megatron_theoretical") or {}).get("total")
@@ -155,7 +165,8 @@ def compare(name, lm_path, profile, flags) -> dict:
                       # counted with its compiled regions eager, are the cross-check
                       "allocator_drifts": drifts[r["rank"]], "allocator_per_step": steps,
                       "storages": storages,
-                      "error_storages": predicted / storages - 1 if storages else None,
+                      "predicted_eager": eager.get(r["rank"]),
+                      "error_storages": eager[r["rank"]] / storages - 1 if storages else None,
                       "measured_where": seen["allocator_peak_inside"],
                       "predicted_whole_run": mem["peak"], "megatron": theory,
                       "megatron_error": (theory / allocator - 1) if theory and r["stage"] == 0
@@ -202,9 +213,13 @@ def markdown(result: dict) -> str:
             lines.append(f"| {row['name']} | failed: {row['failed'][-120:]!r} |")
             continue
         for i, r in enumerate(row["ranks"]):
+            first = (r.get("allocator_per_step") or [r["allocator"]])[0]
+            r = dict(r, allocator=first, error=r["predicted"] / first - 1)
             error = f"{r['error']:+.1%}"
-            if r["allocator_drifts"]:
+            if r["allocator_drifts"] and r.get("error_storages") is not None:
                 error += f" (count drifts; storages {r['error_storages']:+.1%})"
+            elif r["allocator_drifts"]:
+                error += " (count drifts)"
             theory = (f"{r['megatron'] / 2**20:.1f} MiB | {r['megatron_error']:+.0%}"
                       if r["megatron_error"] is not None else " | ")
             step = (f"{row['step_predicted_s'] * 1000:.0f} ms | "

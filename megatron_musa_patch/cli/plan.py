@@ -164,7 +164,9 @@ class Planner:
     def _rank(self, args: List[str], rank: int) -> dict:
         request = {"script": self.script, "script_args": args, "world_size": self.world,
                    "nproc_per_node": self.nproc, "rank": rank,
-                   "transients": self.device.transients()}
+                   "transients": self.device.transients(),
+                   # the benchmark's cross-check against a run whose compiled regions ran eagerly
+                   "compiled_as_eager": os.environ.get("MMP_PLAN_COMPILED_AS_EAGER") == "1"}
         with tempfile.TemporaryDirectory(prefix="mmp-plan-") as tmp:
             req, out = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
             with open(req, "w", encoding="utf-8") as f:

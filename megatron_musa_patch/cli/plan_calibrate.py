@@ -58,7 +58,8 @@ def calibrate(options) -> int:
         result = os.path.join(tmp, "measured.json")
         env = dict(os.environ, MMP_PLAN_CALIBRATE_OUT=result)
         done = subprocess.run([sys.executable, "-m", "megatron_musa_patch.cli.main", "run",
-                               "--nproc-per-node", str(nproc), rank_script], env=env,
+                               "--standalone", "--nproc-per-node", str(nproc), rank_script],
+                              env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if done.returncode != 0 or not os.path.exists(result):
             raise MegatronMusaPatchError(

@@ -71,6 +71,7 @@ def run(request) -> dict:
 
     recorder = fake_world.Recorder()
     recorder.transients = dict(request.get("transients") or {})
+    recorder.compiled_as_eager = bool(request.get("compiled_as_eager"))
     stack = contextlib.ExitStack()
     stack.enter_context(fake_world.applied(recorder))
 

@@ -71,11 +71,14 @@ def measured_steady_peaks(lm_path, args, tmp_path):
     out = tmp_path / "measured"
     out.mkdir()
     env = subprocess_env(MEGATRON_LM_PATH=lm_path, MMP_PLAN_MEASURE_DIR=out)
-    done = mmp("run", "--nproc-per-node", "2", str(MEASURE), str(lm_path / "pretrain_gpt.py"),
+    done = mmp("run", "--standalone", "--nproc-per-node", "2", str(MEASURE),
+               str(lm_path / "pretrain_gpt.py"),
                *args, "--train-iters", "4", env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     rows = [json.loads(p.read_text()) for p in out.iterdir()]
-    return {r["rank"]: r["allocator_steady_peak"] for r in rows}
+    # the second step, the first steady one: the profiler misses frees made in gloo's threads,
+    # so its count can only gather more over later steps (benchmarks/plan_measure_rank.py)
+    return {r["rank"]: r["allocator_per_step"][0] for r in rows}
 
 
 @pytest.mark.stock
@@ -83,7 +86,7 @@ def measured_steady_peaks(lm_path, args, tmp_path):
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", [
     ["--pipeline-model-parallel-size", "2"],
-    ["--use-distributed-optimizer", "--attn-recompute", "--mlp-recompute",
+    ["--pipeline-model-parallel-size", "2", "--attn-recompute", "--mlp-recompute",
      "--recompute-variance"],
 ])
 def test_predicted_memory_is_the_real_runs_within_3_percent(lm_path, tmp_path, layout):

@@ -107,8 +107,7 @@ def estimate(results: List[dict], device: Profile, nodes: int, nproc_per_node: i
                               approximated=bool(r.get("approximated"))))
     tokens = first["tokens_per_iteration"]
     flops = first.get("model_flops_per_iteration")
-    width = str(first.get("dtype_bits", 16))
-    peak_flops = device.peak_flops.get(width) or device.peak_flops["32"]
+    peak_flops = device.peak_flops_per_s(int(first.get("dtype_bits", 16)))
     mfu = flops / (step * first["world_size"] * peak_flops) if flops and step else None
     layout = {k: first[k] for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
                                     "global_batch_size", "microbatches", "seq_length")

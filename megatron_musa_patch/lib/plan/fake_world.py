@@ -87,6 +87,9 @@ class Recorder:
         self._ranks: Dict[int, Tuple[int, ...]] = {}
         #: the memory tracker compiled regions report to, once the step runs
         self.tracker = None
+        #: compiled regions counted op by op, as a run under a dispatch mode executes them
+        #: (the benchmark's cross-check against such a run)
+        self.compiled_as_eager = False
         #: collective kind -> bytes its backend holds while it runs, per byte of the gathered
         #: or reduced whole (the device profile's ``collective_transient``)
         self.transients: Dict[str, float] = {}
@@ -227,7 +230,7 @@ def _compile_for(recorder: Recorder) -> Callable:
             return lambda fn: compile(fn, **kwargs)
 
         def region(*args, **kw):
-            if recorder.tracker is None:
+            if recorder.tracker is None or recorder.compiled_as_eager:
                 return model(*args, **kw)
             return recorder.tracker.fused(model)(*args, **kw)
 

@@ -60,6 +60,13 @@ class Profile:
         peak = self.peak_flops.get(str(width)) or self.peak_flops["32"]
         return peak * _interpolate(self.gemm_efficiency, flops)
 
+    def peak_flops_per_s(self, width: int) -> float:
+        """The peak MFU is taken against: the datasheet's, or the fastest GEMM measured."""
+        measured = (self.measured or {}).get("gemm", {}).get(str(width))
+        if measured:
+            return max(float(rate) for _, rate in measured)
+        return self.peak_flops.get(str(width)) or self.peak_flops["32"]
+
     def bytes_per_s(self, width: int = 32) -> float:
         """An elementwise op's bytes read and written per second (measured per width)."""
         measured = (self.measured or {}).get("elementwise_bytes_per_s", {}).get(str(width))
