@@ -51,6 +51,10 @@ def for_memory(args: Sequence[str], layout: dict) -> List[Lever]:
         out.append(Lever("shard the optimizer's state over the data-parallel ranks",
                          flags.edited(args, {"--use-distributed-optimizer": None})))
     mode = recompute_mode(args)
+    if not flags.has(args, "--use-flash-attn") and mode != "full":
+        out.append(Lever("flash attention on the local spec (the layer's "
+                         "fused_ops.flash_attention): no sequence x sequence scores are stored",
+                         flags.edited(args, {"--use-flash-attn": None})))
     if mode in ("none", "selective"):
         out.append(Lever("recompute attention and MLP inputs and the norms' variance "
                          "(this layer's recompute)", with_recompute(args, "ours")))

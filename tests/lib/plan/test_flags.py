@@ -47,6 +47,10 @@ def test_layouts_respect_the_model_shape():
 def test_memory_levers_offer_each_remedy_once():
     args = ["--micro-batch-size", "4", "--use-distributed-optimizer"]
     whys = [lever.why for lever in levers.for_memory(args, {"dp": 2, "micro_batch_size": 4})]
-    assert len(whys) == len(set(whys)) == 4  # ours, full, offload, halve the micro-batch
+    # flash attention, ours, full, offload, halve the micro-batch
+    assert len(whys) == len(set(whys)) == 5
+    with_flash = [*args, "--use-flash-attn"]
+    assert not any("flash" in lever.why
+                   for lever in levers.for_memory(with_flash, {"dp": 2, "micro_batch_size": 4}))
     speed = levers.for_speed(["--num-layers", "8"], {"pp": 2, "vpp": 1}, 0.3, 8)
     assert flags.value(speed[0].args, "--num-layers-per-virtual-pipeline-stage") == "2"
