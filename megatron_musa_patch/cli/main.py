@@ -1,4 +1,4 @@
-"""The ``mmp`` command: run | doctor | patches | selftest | data."""
+"""The ``mmp`` command: run | doctor | patches | selftest | data | checkpoint | plan."""
 
 from __future__ import annotations
 

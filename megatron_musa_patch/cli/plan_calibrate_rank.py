@@ -233,18 +233,13 @@ def _extra_bytes(fn, on_cpu: bool) -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
+
+    from megatron_musa_patch.lib.plan.allocator import peak_allocated
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    peak, todo = 0, list(prof.profiler.kineto_results.experimental_event_tree())
-    while todo:
-        node = todo.pop()
-        if node.tag == _EventType.Allocation:
-            peak = max(peak, node.extra_fields.total_allocated)
-        todo.extend(node.children)
-    return peak
+    return peak_allocated(prof)
 
 
 def collective_transient(device, on_cpu: bool) -> dict:

@@ -12,8 +12,6 @@ from . import cost, schedule
 from .profile import Profile
 from .tracker import rounded
 
-GIB = 2 ** 30
-
 
 @dataclasses.dataclass
 class RankPlan:

@@ -4,7 +4,8 @@ The planner runs the release's own training step for one rank of the planned job
 process group (``backend="fake"``) answers every question about ranks and groups for any world
 size, and fake tensors (``FakeTensorMode``) carry shapes and dtypes but no data. What neither
 covers is changed here, only inside the planning process (``applied``), each change a record
-with why it is needed and the releases it was checked on:
+with why it is needed (``RECORDS``; run on torch 2.11 and 2.15 with megatron-core 0.16.1 and
+0.19.2):
 
 * collectives are recorded (op, bytes, the group's ranks) and do nothing: fake tensors cannot
   enter torch's coalesced and object collectives, and a planned job's peers do not exist;
@@ -21,15 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .kinds import SHARDED, kind_of
-
-#: the releases these records were run on (torch, megatron-core)
-VERIFIED = {"torch": ("2.11.0", "2.15.0"), "megatron-core": ("0.16.1", "0.19.2")}
 
 #: collective -> (position of the tensor recorded, position of the group): for the gathers and
 #: reductions to shards, the shard (what each rank sends per step of a ring); otherwise the whole
@@ -311,6 +309,3 @@ def init_fake_world(rank: int, world_size: int) -> None:
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
-
-def group_ranks(group: Optional[object]) -> Tuple[int, ...]:
-    return tuple(dist.get_process_group_ranks(group)) if group is not None else ()

@@ -23,19 +23,14 @@ def _model():
 
 def _allocator_peak(fn) -> int:
     """The most bytes the CPU allocator held live while ``fn`` ran (its own count)."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
+
+    from megatron_musa_patch.lib.plan.allocator import peak_allocated
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         keep = fn()
-    peak, todo = 0, list(prof.profiler.kineto_results.experimental_event_tree())
-    while todo:
-        node = todo.pop()
-        if node.tag == _EventType.Allocation:
-            peak = max(peak, node.extra_fields.total_allocated)
-        todo.extend(node.children)
     del keep
-    return peak
+    return peak_allocated(prof)
 
 
 def test_fake_peak_equals_the_allocators_peak_of_the_real_step():
