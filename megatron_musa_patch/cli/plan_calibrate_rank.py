@@ -20,6 +20,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from megatron_musa_patch.device.names import CPU
+
 
 def _sync():
     if torch.cuda.is_available():
@@ -149,7 +151,7 @@ def layer_step(layer, x, mask) -> None:
 def price_layer(hidden: int, sequence: int) -> list:
     """The layer's step on fake tensors, as ``mmp plan`` runs a rank: its ops' work rows."""
     os.environ.update({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
-                       "LOCAL_WORLD_SIZE": "1", "MEGATRON_MUSA_PATCH_DEVICE": "cpu"})
+                       "LOCAL_WORLD_SIZE": "1", "MEGATRON_MUSA_PATCH_DEVICE": CPU})
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from megatron_musa_patch import activation
@@ -169,7 +171,7 @@ def price_layer(hidden: int, sequence: int) -> list:
         tracker = Tracker()
         recorder.tracker = tracker
         with FakeTensorMode(allow_non_fake_inputs=True), tracker:
-            layer, x, mask = megatron_layer(hidden, sequence, "cpu")
+            layer, x, mask = megatron_layer(hidden, sequence, CPU)
             tracker.work.clear()
             layer_step(layer, x, mask)
     return [[*key, n] for counter in tracker.work.values() for key, n in counter.items()]
@@ -297,7 +299,7 @@ def main() -> None:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
-    on_cpu = device.type == "cpu" or os.environ.get("MEGATRON_MUSA_PATCH_DEVICE") == "cpu"
+    on_cpu = device.type == CPU or os.environ.get("MEGATRON_MUSA_PATCH_DEVICE") == CPU
     sizes = [64, 128, 256, 512, 1024] if on_cpu else [256, 512, 1024, 2048, 4096, 8192]
     elements = (4 if on_cpu else 64) * 2 ** 20
     measured = {

@@ -52,11 +52,13 @@ class PlanRefusal(Exception):
 
 
 def _environment(request) -> None:
+    from megatron_musa_patch.device.names import CPU
+
     os.environ.update({
         "WORLD_SIZE": str(request["world_size"]), "RANK": str(request["rank"]),
         "LOCAL_WORLD_SIZE": str(request["nproc_per_node"]),
         "LOCAL_RANK": str(request["rank"] % request["nproc_per_node"]),
-        "MEGATRON_MUSA_PATCH_DEVICE": "cpu", "MEGATRON_MUSA_PATCH_ARGS_CHECK": "0",
+        "MEGATRON_MUSA_PATCH_DEVICE": CPU, "MEGATRON_MUSA_PATCH_ARGS_CHECK": "0",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
     })
 

@@ -130,6 +130,19 @@ def test_megatrons_own_refusal_comes_first(lm_path):
 
 @pytest.mark.stock
 @pytest.mark.ranks
+def test_moe_with_a_dispatcher_that_selects_by_value_is_refused(lm_path):
+    done = mmp("plan", "--device", "cpu", "--nproc-per-node", "2",
+               str(lm_path / "pretrain_gpt.py"), *MODEL, "--num-experts", "4",
+               "--moe-router-topk", "2", "--moe-token-dispatcher-type", "allgather",
+               env=subprocess_env(MEGATRON_LM_PATH=lm_path))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, said[-2000:]
+    assert "mmp plan: error: --moe-token-dispatcher-type allgather" in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.stock
+@pytest.mark.ranks
 def test_a_plan_that_does_not_fit_offers_levers_that_do(lm_path, tmp_path):
     from megatron_musa_patch.lib.plan import profile
 

@@ -63,8 +63,8 @@ class Estimate:
 
 
 def usable_bytes(device: Profile, nproc_per_node: int) -> int:
-    """What one rank's tensors may take: a CPU's memory is shared by the node's ranks."""
-    if device.name == "cpu":
+    """What one rank's tensors may take: a host's memory is shared by the node's ranks."""
+    if device.shared_by_node_ranks:
         return device.usable_bytes // max(nproc_per_node, 1)
     return device.usable_bytes
 
@@ -73,7 +73,7 @@ def estimate(results: List[dict], device: Profile, nodes: int, nproc_per_node: i
              flags: List[str]) -> Estimate:
     results = sorted(results, key=lambda r: r["stage"])
     first = results[0]
-    on_gpu = device.name != "cpu"
+    blocks = device.allocation_block > 1  # the tracker rounds to a caching allocator's block
     limit = usable_bytes(device, nproc_per_node)
     costs = [cost.price(r, device) for r in results]
     chunks = first["vpp"]
@@ -90,7 +90,7 @@ def estimate(results: List[dict], device: Profile, nodes: int, nproc_per_node: i
     for r, c in zip(results, costs):
         m = r["memory"]
         peak = max(m["setup_peak"], m["step_peak"])
-        if on_gpu:
+        if blocks:
             peak = max(rounded(m["setup_peak"]), m["step_peak_rounded"])
         static = m["weights"] + m["gradients"] + m["optimizer"]
         memory = {"weights": m["weights"], "gradients": m["gradients"],

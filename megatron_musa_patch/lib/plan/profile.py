@@ -22,7 +22,8 @@ from megatron_musa_patch.base.errors import ArgumentError
 from .kinds import kind_of
 
 HERE = os.path.join(os.path.dirname(__file__), "profiles")
-NAMES = ("h100", "h200", "s4000", "s5000", "cpu")
+#: the shipped profiles, by name (one JSON file each)
+NAMES = tuple(sorted(name[:-len(".json")] for name in os.listdir(HERE) if name.endswith(".json")))
 REQUIRED = ("name", "title", "memory_bytes", "runtime_reserved_bytes", "allocator_margin",
             "peak_flops", "memory_bandwidth", "op_overhead_s", "gemm_efficiency",
             "memory_efficiency", "links", "sources")
@@ -46,6 +47,10 @@ class Profile:
     sources: Dict[str, str]
     measured: Optional[dict]
     collective_transient: Dict[str, float] = dataclasses.field(default_factory=dict)
+    #: the node's ranks share the memory (a host's), so each may use its share of it
+    shared_by_node_ranks: bool = False
+    #: the allocator's block: allocations are rounded up to it (a caching allocator's 512 bytes)
+    allocation_block: int = 512
 
     @property
     def usable_bytes(self) -> int:
@@ -211,4 +216,6 @@ def from_dict(data: dict, path: str = "<profile>") -> Profile:
         links={k: {f: float(v[f]) for f in LINK_FIELDS} for k, v in data["links"].items()},
         sources=dict(data["sources"]), measured=data.get("measured"),
         collective_transient={str(k): float(v) for k, v in
-                              (data.get("collective_transient") or {}).items()})
+                              (data.get("collective_transient") or {}).items()},
+        shared_by_node_ranks=bool(data.get("shared_by_node_ranks", False)),
+        allocation_block=int(data.get("allocation_block", 512)))
