@@ -203,12 +203,10 @@ def _script(script: str):
         source = f.read()
     call = entry_call(source)
     if _pretrain_call(source) is None:
-        from megatron_musa_patch.base.errors import MegatronMusaPatchError
-
-        raise PlanRefusal(MegatronMusaPatchError(
+        raise PlanRefusal(_rendered(
             f"{script} does not call Megatron's pretrain() in its `if __name__ == "
             f"\"__main__\":` block; mmp plan reads the model and the step from that call (a "
-            f"stock pretrain_gpt.py does).").render(prog="mmp plan"))
+            f"stock pretrain_gpt.py does)."))
     quiet = io.StringIO()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         namespace = runpy.run_path(script, run_name="__mmp_plan__")
@@ -263,11 +261,7 @@ def _parsed_args(call, namespace, release: str):
     if verdict.status == "refused":
         raise PlanRefusal(verdict.text.replace("mmp run:", "mmp plan:"))
     if verdict.status != "ok":
-        from megatron_musa_patch.base.errors import MegatronMusaPatchError
-
-        raise PlanRefusal(MegatronMusaPatchError(
-            f"Megatron could not check these arguments: {verdict.text}").render(
-                prog="mmp plan"))
+        raise PlanRefusal(_rendered(f"Megatron could not check these arguments: {verdict.text}"))
     from megatron.training import arguments
 
     quiet = io.StringIO()
