@@ -26,10 +26,11 @@ moe=(--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-
   --moe-router-enable-expert-bias --mtp-num-layers 1)
 : > "$out.txt"
 plan() {  # name nodes extra-args...
-  local name=$1 nodes=$2; shift 2
+  local name=$1 nodes=$2 begin=$SECONDS; shift 2
   echo "== $name on $((nodes * 8)) ranks" | tee -a "$out.txt"
   mmp plan --device s5000,h200 --nodes "$nodes" --nproc-per-node 8 \
     "$lm/pretrain_gpt.py" "${common[@]}" "$@" 2>/dev/null | tee -a "$out.txt"
+  echo "(planned with its levers in $((SECONDS - begin)) s on $(nproc) cores)" | tee -a "$out.txt"
 }
 plan "70B dense, TP8 PP8" 8 "${dense[@]}" --global-batch-size 512
 plan "70B dense, TP8 PP8 DP4" 32 "${dense[@]}" --global-batch-size 512

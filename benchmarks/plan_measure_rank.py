@@ -21,7 +21,6 @@ run, which otherwise makes a peak differ from run to run.
 import gc
 import json
 import os
-import runpy
 import sys
 import time
 
@@ -67,6 +66,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     from megatron.training import training
 
+    from megatron_musa_patch.cli.plan_calibrate_step import run_as_main
     from megatron_musa_patch.lib.plan.tracker import Tracker
 
     storages = Tracker() if os.environ.get("MMP_PLAN_MEASURE_STORAGES") == "1" else None
@@ -91,11 +91,9 @@ def main() -> None:
         prof.start()
     else:
         storages.__enter__()
-    code = 0
+    code = 1
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code or 0
+        code = run_as_main(script)
     finally:
         if storages is None:
             prof.stop()

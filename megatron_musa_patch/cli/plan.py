@@ -6,7 +6,8 @@ SCRIPT ARGS...``: the same tail as ``mmp run``. Each pipeline stage's busiest ra
 own process, the release's own training step on fake tensors (``plan_worker``); what it
 allocates and computes is priced on the device's profile (``lib/plan``). Levers and searched
 layouts are the same command line with flags changed, planned the same way.
-``mmp plan --calibrate`` measures this machine's device into a profile file.
+``mmp plan --calibrate [SCRIPT ARGS...]`` measures this machine's device (and, given a script,
+its training step) into a profile file.
 """
 
 from __future__ import annotations
@@ -49,10 +50,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=3, help="layouts shown by --search (default 3)")
     p.add_argument("--no-levers", action="store_true",
                    help="do not plan the levers of a plan that does not fit or idles")
+    p.add_argument("--every-stage", action="store_true",
+                   help="plan every middle pipeline stage, instead of the second and the one "
+                        "before the last with those between from them (when they run the same "
+                        "layers)")
     p.add_argument("--jobs", type=int, default=0,
                    help="planned ranks run at once (default: this machine's cores, at most 4)")
     p.add_argument("--calibrate", action="store_true",
-                   help="measure this machine's device into a profile file (--output) and exit")
+                   help="measure this machine's device into a profile file (--output) and exit; "
+                        "with SCRIPT ARGS (a small data-parallel model with --seq-length, "
+                        "--num-layers and --hidden-size) its training step too, timed for real")
     p.add_argument("--output", default=None,
                    help="with --calibrate: the profile file to write (default "
                         "mmp-profile-<device>.json)")
@@ -66,7 +73,7 @@ def main(argv: Sequence[str]) -> int:
     if options.calibrate:
         from .plan_calibrate import calibrate
 
-        return calibrate(options)
+        return calibrate(options, Planner)
     if not options.script:
         parser().error("the training script is missing (mmp plan [options] SCRIPT ARGS...)")
     if options.nodes < 1 or options.nproc_per_node < 1:
@@ -79,6 +86,7 @@ def main(argv: Sequence[str]) -> int:
     devices = [profiles.load(name) for name in options.device.split(",") if name]
     planner = Planner(options.script, options.nodes, options.nproc_per_node, devices[0],
                       jobs=options.jobs or min(os.cpu_count() or 1, 4), quiet=options.json)
+    planner.every_stage = options.every_stage
     return planner.run_on(devices, list(options.script_args), options)
 
 
@@ -92,6 +100,8 @@ class Planner:
         self.script, self.nodes, self.nproc, self.device = script, nodes, nproc, device
         self.world = nodes * nproc
         self.jobs, self.quiet = max(jobs, 1), quiet
+        #: plan every middle stage instead of deriving them from two (``--every-stage``)
+        self.every_stage = False
         self.release = ""
         self._results: Dict[Tuple, object] = {}
         self._estimates: Dict[Tuple, object] = {}
@@ -122,26 +132,54 @@ class Planner:
         return self._results[key]
 
     def _run_stages(self, args: List[str], label: str, ends: bool):
+        from megatron_musa_patch.lib.plan import stages as middle
+
         begin = time.monotonic()
         first = self._rank(args, 0)
         if "error" in first:
             return self._refusal(first, label)
         pp = first["pp"]
-        stages = [pp - 1] if ends and pp > 1 else list(range(1, pp))
+        per_stage = self.world // pp
         by_stage = {0: first}
-        if stages:
+
+        def plan(wanted):
             with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
-                ranks = [s * (self.world // pp) for s in stages]
-                for s, result in zip(stages, pool.map(lambda r: self._rank(args, r), ranks)):
+                ranks = [s * per_stage for s in wanted]
+                for s, result in zip(wanted, pool.map(lambda r: self._rank(args, r), ranks)):
                     if "error" in result:
                         return self._refusal(result, label)
                     by_stage[s] = result
                     self._say(f"  {label}: stage {s} of {pp} planned "
                               f"({time.monotonic() - begin:.0f} s)")
+            return None
+
+        if ends:
+            wanted = [pp - 1] if pp > 1 else []
+        elif not self.every_stage and middle.interpolable(pp, first["vpp"],
+                                                          first["microbatches"]):
+            wanted = [1, pp - 2, pp - 1]
+        else:
+            wanted = list(range(1, pp))
+        refused = plan(wanted)
+        if refused is not None:
+            return refused
+        if not ends:
+            rest = [s for s in range(1, pp) if s not in by_stage]
+            for s in rest:
+                found = middle.between(by_stage[1], by_stage[pp - 2], s, s * per_stage)
+                if found is not None:
+                    by_stage[s] = found
+            missing = [s for s in rest if s not in by_stage]
+            if missing:  # the middle stages differ in more than what they hold in flight
+                refused = plan(missing)
+                if refused is not None:
+                    return refused
+            elif rest:
+                self._say(f"  {label}: stages 2 to {pp - 3} from stages 1 and {pp - 2} (the "
+                          f"same layers; memory in proportion to the micro-batches in flight)")
         for s in range(pp):
             if s not in by_stage:  # a middle stage, bounded by the first
-                by_stage[s] = dict(first, stage=s, rank=s * (self.world // pp),
-                                   approximated=True)
+                by_stage[s] = dict(first, stage=s, rank=s * per_stage, approximated=True)
         results = [by_stage[s] for s in range(pp)]
         for stage, result in enumerate(results):
             if result["stage"] != stage:

@@ -4,8 +4,10 @@ same time, so a node's ranks share its memory bandwidth and cores as they will i
 
 Measured, with cold operands (more than the caches hold, as a step's ops read them): a linear
 layer's matrix products by size (16- and 32-bit), an elementwise add (bytes per second, per
-width), a softmax (elements per second), a small op's cost (issuing it), and all-reduce, all-gather, reduce-scatter and a send/receive by
-message size among all ranks. Rank 0 writes the ``measured`` section to ``MMP_PLAN_CALIBRATE_OUT``.
+width), a softmax (elements per second), a compiled region (its rate and its call), a small op's
+cost (issuing it), all-reduce, all-gather, reduce-scatter and a send/receive by message size
+among all ranks, a collective after compute, and one megatron-core layer real against priced.
+Rank 0 writes the ``measured`` section to ``MMP_PLAN_CALIBRATE_OUT``.
 """
 
 from __future__ import annotations
@@ -109,6 +111,29 @@ def math_rate(device, elements: int) -> float:
     return elements / _timed(lambda: torch.softmax(operands(), dim=-1), repeat=40)
 
 
+def fused(device, elements: int) -> dict:
+    """A compiled region's rate and call cost (``torch.compile`` of an RMSNorm in 16 bits, as
+    the layer's fused ops and Megatron's ``jit_fuser`` make them): bytes read and written per
+    second, cold; the seconds of a call on a few elements."""
+    weight = torch.ones(1024, device=device, dtype=torch.bfloat16)
+
+    @torch.compile(dynamic=False)
+    def rms_norm(x):
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return (y * weight.float()).to(x.dtype)
+
+    operands = _rotating(lambda: torch.randn(elements // 1024, 1024, device=device,
+                                             dtype=torch.bfloat16), elements * 2)
+    tiny = torch.ones(1, 1024, device=device, dtype=torch.bfloat16)
+    dist.barrier()
+    seconds = _timed(lambda: rms_norm(operands()), repeat=40)
+    dist.barrier()
+    call = _timed(lambda: rms_norm(tiny), repeat=200)
+    return {"fused_bytes_per_s": {"16": 2.0 * elements * 2 / seconds},
+            "fused_overhead_s": call}
+
+
 def op_overhead(device) -> float:
     a = torch.ones(8, device=device)
     b = torch.ones(8, device=device)
@@ -185,6 +210,7 @@ def step_efficiency(device, measured: dict, sizes) -> dict:
     import subprocess
     import sys
 
+    from megatron_musa_patch.lib.plan import fit
     from megatron_musa_patch.lib.plan import profile as profiles
 
     profile = profiles.from_dict(dict(_BASE_FIELDS, measured=measured))
@@ -202,15 +228,12 @@ def step_efficiency(device, measured: dict, sizes) -> dict:
             raise RuntimeError("pricing the layer on fake tensors failed:\n"
                                + done.stderr.decode(errors="replace")[-3000:])
         rows = json.loads(done.stdout.decode().strip().splitlines()[-1])
-        priced = sum(n * profile.op_seconds(f, b, w, e) for f, b, w, e, n in rows)
+        priced = sum(n * profile.op_seconds(f, b, w, e, fused=bool(k))
+                     for f, b, w, e, k, n in rows)
         points.append((real, priced, sum(row[-1] for row in rows)))
-    (r1, p1, n1), (r2, p2, n2) = points
-    determinant = p1 * n2 - p2 * n1
-    factor = (r1 * n2 - r2 * n1) / determinant if determinant else r2 / p2
-    per_op = (p1 * r2 - p2 * r1) / determinant if determinant else 0.0
-    if per_op < 0 or factor <= 0:  # the small layer ran relatively faster: no per-op cost seen
-        factor, per_op = r2 / p2, 0.0
+    factor, per_op = fit.factor_and_per_op(points)
     return {"step_efficiency": factor, "framework_op_overhead_s": per_op,
+            "calibrated_on": "layer",
             "layers": [{"hidden": h, "sequence": s, "real_s": r, "priced_s": p, "ops": n}
                        for (h, s), (r, p, n) in zip(sizes, points)]}
 
@@ -291,6 +314,43 @@ def collectives(device, sizes) -> dict:
     return {k: {"ranks": world, "seconds_by_bytes": v} for k, v in out.items() if v}
 
 
+def in_step_collectives(device, on_cpu: bool) -> dict:
+    """What a collective costs inside a step beyond its table above: after compute its backend
+    must wake and its peers arrive (``collective_in_step_s``, added to each); and how much of an
+    asynchronous one hides behind the compute issued after it (``collective_overlap``: 1 where
+    the backend has its own engines, near 0 where it shares the cores with the compute)."""
+    if dist.get_world_size() < 2:
+        return {}
+    h = 256 if on_cpu else 8192  # a product of about a millisecond, four in a row on the CPU
+    x = torch.randn(2 * h, h, device=device, dtype=torch.bfloat16)
+    w = torch.randn(h, 4 * h, device=device, dtype=torch.bfloat16)
+    tensor = torch.ones(1 << 17, device=device, dtype=torch.bfloat16)  # 256 KiB
+
+    def compute():
+        for _ in range(4 if on_cpu else 1):
+            torch.mm(x, w)
+
+    def serial():
+        compute()
+        dist.all_reduce(tensor)
+
+    def overlapped():
+        handle = dist.all_reduce(tensor, async_op=True)
+        compute()
+        handle.wait()
+
+    figures = {}
+    for name, fn in (("alone", lambda: dist.all_reduce(tensor)), ("compute", compute),
+                     ("serial", serial), ("overlapped", overlapped)):
+        dist.barrier()
+        figures[name] = _timed(fn, repeat=60)
+    extra = max(figures["serial"] - figures["compute"] - figures["alone"], 0.0)
+    hideable = min(figures["alone"] + extra, figures["compute"])
+    overlap = (figures["serial"] - figures["overlapped"]) / hideable if hideable else 0.0
+    return {"collective_in_step_s": extra, "collective_overlap": min(max(overlap, 0.0), 1.0),
+            "collective_in_step_figures_s": figures}
+
+
 def main() -> None:
     import megatron_musa_patch  # noqa: F401 - the layer, as in a training rank (activates)
 
@@ -309,8 +369,10 @@ def main() -> None:
                                     "32": elementwise(device, torch.float32, elements)},
         "math_elements_per_s": math_rate(device, elements),
         "op_overhead_s": op_overhead(device),
+        **fused(device, elements),
         "collectives": collectives(device, [2 ** k for k in range(10, 25, 2)]),
         "collective_transient": collective_transient(device, on_cpu),
+        **in_step_collectives(device, on_cpu),
         "threads_per_rank": torch.get_num_threads(),
     }
     from megatron.core import parallel_state

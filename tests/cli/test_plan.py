@@ -23,6 +23,12 @@ MODEL = ["--transformer-impl", "local", "--num-layers", "4", "--hidden-size", "1
          "--mock-data", "--log-interval", "1"]
 
 
+def flags_edited(args, changed):
+    from megatron_musa_patch.lib.plan import flags
+
+    return flags.edited(args, changed)
+
+
 def mmp(*args, env=None, timeout=900):
     return subprocess.run([sys.executable, "-m", "megatron_musa_patch.cli.main", *args],
                           env=env or subprocess_env(), capture_output=True, text=True,
@@ -62,6 +68,30 @@ def test_profile_without_a_field_is_refused_naming_it(tmp_path):
 
 def test_missing_script_is_refused(tmp_path):
     done = mmp("plan", str(tmp_path / "nope.py"), "--num-layers", "2")
+    assert done.returncode == 2 and "no such training script" in " ".join(done.stderr.split())
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--num-layers", "2", "--hidden-size", "64"], "need --seq-length"),
+    (["--seq-length", "64", "--hidden-size", "64"], "need --num-layers"),
+    (["--seq-length", "64", "--num-layers", "2"], "need --hidden-size"),
+    (["--num-layers", "2", "--seq-length", "64", "--hidden-size", "64",
+      "--tensor-model-parallel-size", "2"],
+     "--tensor-model-parallel-size 2: the step is calibrated on a data-parallel layout"),
+])
+def test_calibrating_a_step_refuses_what_it_cannot_vary_before_measuring(tmp_path, args, says):
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("")
+    done = mmp("plan", "--calibrate", "--device", "cpu", "--nproc-per-node", "2",
+               "--output", str(tmp_path / "p.json"), str(script), *args, timeout=120)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and says in said, said
+    assert "measuring" not in said and not (tmp_path / "p.json").exists()
+
+
+def test_calibrating_a_missing_script_is_refused(tmp_path):
+    done = mmp("plan", "--calibrate", "--device", "cpu", str(tmp_path / "nope.py"),
+               "--num-layers", "2", "--seq-length", "64", "--hidden-size", "64", timeout=120)
     assert done.returncode == 2 and "no such training script" in " ".join(done.stderr.split())
 
 
@@ -174,3 +204,30 @@ def test_search_ranks_layouts_that_fit_by_step_time(lm_path):
     assert all(entry["plan"]["fits"] for entry in ranked)
     layouts = {entry["layout"].split(",")[0] for entry in ranked}
     assert {"tp1 pp1 dp2 mbs2", "tp2 pp1 dp1 mbs2", "tp1 pp2 dp1 mbs2"} <= layouts
+
+
+@pytest.mark.stock
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_middle_stages_derived_from_two_are_the_ones_planned(lm_path):
+    # PP6 on 6 ranks, 8 micro-batches: stages 2 and 3 derived from stages 1 and 4
+    args = [*flags_edited(MODEL, {"--num-layers": "6", "--global-batch-size": "16"}),
+            "--pipeline-model-parallel-size", "6"]
+    plans = []
+    for extra in ((), ("--every-stage",)):
+        done = mmp("plan", "--device", "cpu", "--nproc-per-node", "6", "--json", "--no-levers",
+                   *extra, str(lm_path / "pretrain_gpt.py"), *args,
+                   env=subprocess_env(MEGATRON_LM_PATH=lm_path))
+        assert done.returncode == 0, done.stderr[-3000:]
+        plans.append(json.loads(done.stdout))
+    derived, planned = plans
+    assert [r["interpolated"] for r in derived["ranks"]] == [False, False, True, True, False,
+                                                            False]
+    assert not any(r["interpolated"] for r in planned["ranks"])
+    for a, b in zip(derived["ranks"], planned["ranks"]):
+        assert a["memory_bytes"] == b["memory_bytes"], (a["stage"], a["memory_bytes"],
+                                                        b["memory_bytes"])
+    # and the stages do differ: each holds one micro-batch fewer in flight than the one before
+    peaks = [r["memory_bytes"]["steady_peak"] for r in planned["ranks"][1:5]]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+    assert derived["step_time_s"] == pytest.approx(planned["step_time_s"])

@@ -2,10 +2,14 @@
 recorded them (``cli/plan_worker.py``), each given a time.
 
 An op takes the longer of its floating-point work at the device's GEMM throughput for an op of
-that size and its bytes at the memory bandwidth, plus the cost of issuing one op; a collective
+that size and its bytes at the memory bandwidth (a compiled region's at its own rate), plus the
+cost of issuing one op, then what a real step adds to it (``Profile.op_seconds``: a factor for a
+micro-batch's ops and another for the update's, a cost per op); a collective
 takes its ring's steps of latency plus its volume over the link it crosses (within a node or
-between nodes). Collectives asked for asynchronously (gradient buckets reduced during the backward
-pass) hide behind the compute of their phase, and what exceeds it shows.
+between nodes), plus what a step adds to each (its backend waking after compute, its peers
+arriving). Collectives asked for asynchronously (gradient buckets reduced during the backward
+pass) hide behind the compute of their phase as far as the device lets them (its
+``collective_overlap``), and what exceeds it shows.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Dict
 from .profile import Profile
 
 P2P = ("isend", "irecv", "send", "recv")
+#: the phases of a micro-batch (the rest is the step's update: gradients' reduction, optimizer)
+MICROBATCH = ("forward", "backward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,17 +40,22 @@ class StageCost:
 def price(result: dict, profile: Profile) -> StageCost:
     compute: Dict[str, float] = {}
     for phase, rows in result["work"].items():
-        compute[phase] = sum(n * profile.op_seconds(flops, nbytes, width, elements)
-                             for flops, nbytes, width, elements, n in rows)
+        inside = phase in MICROBATCH
+        compute[phase] = sum(n * profile.op_seconds(flops, nbytes, width, elements, inside,
+                                                    bool(fused))
+                             for flops, nbytes, width, elements, fused, n in rows)
     comm: Dict[str, float] = {}
     hidden: Dict[str, float] = {}
     transfers = []
+    in_step, overlap = profile.collective_in_step_s(), profile.collective_overlap()
     for op, nbytes, ranks, nodes, phase, overlapped, n in result["comms"]:
-        seconds = n * profile.collective_seconds(op, nbytes, ranks, nodes)
+        seconds = profile.collective_seconds(op, nbytes, ranks, nodes)
+        seconds = n * (seconds + in_step if seconds else 0.0)
         if op in P2P and phase == "schedule":
             transfers.append((seconds, n))
         elif overlapped:
-            hidden[phase] = hidden.get(phase, 0.0) + seconds
+            hidden[phase] = hidden.get(phase, 0.0) + overlap * seconds
+            comm[phase] = comm.get(phase, 0.0) + (1.0 - overlap) * seconds
         else:
             comm[phase] = comm.get(phase, 0.0) + seconds
     calls = max(result.get("forward_calls") or 1, 1)

@@ -23,6 +23,8 @@ class RankPlan:
     megatron_theoretical: Optional[dict]
     #: a middle stage not run, taken to be the first (``mmp plan --search`` ranking)
     approximated: bool = False
+    #: a middle stage derived from two others that run the same layers (``lib/plan/stages``)
+    interpolated: bool = False
 
 
 @dataclasses.dataclass
@@ -102,7 +104,8 @@ def estimate(results: List[dict], device: Profile, nodes: int, nproc_per_node: i
                               fits=memory["with_allocator_margin"] <= limit,
                               bubble=timeline.bubble(r["stage"]),
                               megatron_theoretical=r.get("megatron_theoretical"),
-                              approximated=bool(r.get("approximated"))))
+                              approximated=bool(r.get("approximated")),
+                              interpolated=bool(r.get("interpolated"))))
     tokens = first["tokens_per_iteration"]
     flops = first.get("model_flops_per_iteration")
     peak_flops = device.peak_flops_per_s(int(first.get("dtype_bits", 16)))

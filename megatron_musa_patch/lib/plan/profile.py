@@ -51,6 +51,8 @@ class Profile:
     shared_by_node_ranks: bool = False
     #: the allocator's block: allocations are rounded up to it (a caching allocator's 512 bytes)
     allocation_block: int = 512
+    #: the share of an asynchronous collective that hides behind compute, unmeasured
+    overlap: float = 1.0
 
     @property
     def usable_bytes(self) -> int:
@@ -90,15 +92,42 @@ class Profile:
         return float((self.measured or {}).get("framework_op_overhead_s") or 0.0)
 
     def step_efficiency(self) -> float:
-        """A real layer's time over its ops priced one by one (``--calibrate`` measures it)."""
+        """A micro-batch's real time over its ops priced one by one (``--calibrate`` measures
+        it)."""
         return float((self.measured or {}).get("step_efficiency") or 1.0)
 
-    def op_seconds(self, flops: float, nbytes: float, width: int, elements: int = 0) -> float:
+    def update_efficiency(self) -> float:
+        """The same for the step's work outside the micro-batches (the gradients' reduction and
+        the optimizer): measured by ``--calibrate`` with a script, else taken as 1."""
+        return float((self.measured or {}).get("update_efficiency") or 1.0)
+
+    def fused_bytes_per_s(self, width: int = 16) -> float:
+        """A compiled region's bytes read and written per second (measured per width), else an
+        elementwise op's."""
+        measured = (self.measured or {}).get("fused_bytes_per_s", {}).get(str(width))
+        return measured or self.bytes_per_s(width)
+
+    def fused_overhead_s(self) -> float:
+        """Calling a compiled region (its guards and wrappers), else issuing one op."""
+        measured = (self.measured or {}).get("fused_overhead_s")
+        return measured if measured is not None else self.overhead_s()
+
+    def op_seconds(self, flops: float, nbytes: float, width: int, elements: int = 0,
+                   microbatch: bool = True, fused: bool = False) -> float:
+        """One op alone (its work at the measured rates, plus issuing it), then as a step runs it:
+        ``microbatch``: in a micro-batch's forward or backward pass, else in the update;
+        ``fused``: a compiled region, its bytes at a compiled kernel's rate (its transcendentals,
+        counted by the tracker, still at theirs)."""
         compute = flops / self.gemm_flops_per_s(flops, width) if flops else 0.0
         if elements:
             compute = max(compute, elements / self.math_elements_per_s())
-        alone = max(compute, nbytes / self.bytes_per_s(width)) + self.overhead_s()
-        return alone * self.step_efficiency() + self.framework_overhead_s()
+        if fused:
+            alone = max(compute, nbytes / self.fused_bytes_per_s(width)) + \
+                self.fused_overhead_s()
+        else:
+            alone = max(compute, nbytes / self.bytes_per_s(width)) + self.overhead_s()
+        factor = self.step_efficiency() if microbatch else self.update_efficiency()
+        return alone * factor + self.framework_overhead_s()
 
     # --------------------------------------------------------------- communication
     def collective_seconds(self, op: str, nbytes: float, ranks: int, nodes: int) -> float:
@@ -117,6 +146,18 @@ class Profile:
         link = self.links["inter_node" if nodes > 1 else "intra_node"]
         steps = 1 if kind == "p2p" else (ranks - 1) * (2 if kind == "all_reduce" else 1)
         return steps * link["latency_s"] + nbytes * _ring_factor(kind, ranks) / link["bandwidth"]
+
+    def collective_in_step_s(self) -> float:
+        """What a collective adds inside a step to its table's time: its backend waking after
+        compute, its peers arriving (``--calibrate`` measures it)."""
+        return float((self.measured or {}).get("collective_in_step_s") or 0.0)
+
+    def collective_overlap(self) -> float:
+        """The share of an asynchronous collective that hides behind compute issued after it:
+        measured by ``--calibrate``, else the profile's ``collective_overlap`` (1: the device's
+        own engines)."""
+        measured = (self.measured or {}).get("collective_overlap")
+        return float(measured if measured is not None else self.overlap)
 
     def transients(self) -> Dict[str, float]:
         """Bytes a collective's backend holds while it runs, per byte of the whole tensor
@@ -218,4 +259,5 @@ def from_dict(data: dict, path: str = "<profile>") -> Profile:
         collective_transient={str(k): float(v) for k, v in
                               (data.get("collective_transient") or {}).items()},
         shared_by_node_ranks=bool(data.get("shared_by_node_ranks", False)),
-        allocation_block=int(data.get("allocation_block", 512)))
+        allocation_block=int(data.get("allocation_block", 512)),
+        overlap=float(data.get("collective_overlap", 1.0)))

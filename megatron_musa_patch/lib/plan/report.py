@@ -56,6 +56,11 @@ def render(e: Estimate, script: str, release: str) -> str:
     lines.append("(activations: everything else live at the peak: activations, temporaries, "
                  "communication buffers; +margin: the allocator's reserve; Megatron's estimate: "
                  "its theoretical_memory_usage, first stage)")
+    derived = [r.stage for r in e.ranks if r.interpolated]
+    if derived:
+        lines.append(f"(stages {derived[0]} to {derived[-1]}: from stages {derived[0] - 1} and "
+                     f"{derived[-1] + 1}, which run the same layers, in proportion to the "
+                     f"micro-batches each holds in flight; --every-stage plans each)")
     p = e.parts_s
     bubbles = ", ".join(f"{r.bubble:.0%}" for r in e.ranks)
     lines += ["", f"step time: {seconds(e.step_time_s)} = pipeline {seconds(p['pipeline'])} "

@@ -6,7 +6,8 @@
   reference to the storage); the peak is the most ever live at once, which is what an
   allocator's ``max_memory_allocated`` counts (before its rounding, ``rounded``);
 * work: each op's floating-point operations (torch's ``flop_counter`` table) and the bytes it
-  reads and writes, added into the current phase (forward, backward, optimizer, ...), so a
+  reads and writes (an indexing op's: the elements it selects; a view's or an allocation's:
+  none), added into the current phase (forward, backward, optimizer, ...), so a
   device profile can price them later without running anything again;
 * compiled regions (``torch.compile``, which Megatron's ``jit_fuser`` and the layer's fused ops
   use): a fused kernel keeps its intermediates in registers, so inside ``fused`` only what the
@@ -37,9 +38,15 @@ MATH = ("exp", "log", "sigmoid", "silu", "tanh", "gelu", "erf", "softmax", "sqrt
         "sin", "cos", "div", "norm")
 
 
-def _is_math(func) -> bool:
+#: of those, the ones a compiled kernel still computes element by element at a transcendental's
+#: rate (a norm's root or a division fuses into the bytes it moves)
+TRANSCENDENTAL = ("exp", "log", "sigmoid", "silu", "tanh", "gelu", "erf", "softmax", "sin",
+                  "cos")
+
+
+def _is_math(func, words=MATH) -> bool:
     name = func._overloadpacket.__name__
-    return any(word in name for word in MATH)
+    return any(word in name for word in words)
 
 
 def rounded(nbytes: int) -> int:
@@ -52,7 +59,18 @@ def _flop_table():
     return flop_registry
 
 
+#: views whose schema does not say so (``matmul`` returns its result through one)
+UNANNOTATED_VIEWS = ("_unsafe_view",)
+#: ops that only allocate: their cost is issuing them, whatever their size
+ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+#: ops that read or write only the elements an index selects, not the whole tensor indexed
+INDEXING = ("index", "index_select", "gather", "embedding", "index_put", "index_put_",
+            "_index_put_impl_", "scatter", "scatter_", "scatter_add", "scatter_add_")
+
+
 def _is_view(func) -> bool:
+    if func._overloadpacket.__name__ in UNANNOTATED_VIEWS:
+        return True
     schema = getattr(func, "_schema", None)
     if schema is None:
         return False
@@ -69,9 +87,10 @@ class Tracker(TorchDispatchMode):
         self.peak_rounded = 0
         self.live_rounded = 0
         self.phase = "setup"
-        #: per phase: Counter of (flops, bytes, width, math elements) -> how many ops had them;
-        #: width: the bits of the op's floating-point inputs (16 or 32), which decides a
-        #: device's peak; math elements: for a transcendental op, the elements it computes
+        #: per phase: Counter of (flops, bytes, width, math elements, fused) -> how many ops had
+        #: them; width: the bits of the op's floating-point inputs (16 or 32), which decides a
+        #: device's peak; math elements: for a transcendental op, the elements it computes;
+        #: fused: a compiled region (its own kernels, priced at their own rate)
         self.work: Dict[str, Counter] = {}
         self.peak_phase = ""
         #: per phase: how many times the phase was entered (forward: micro-batches x chunks)
@@ -133,7 +152,8 @@ class Tracker(TorchDispatchMode):
                 for leaf in tree_leaves(out):
                     if isinstance(leaf, torch.Tensor):
                         self._add(leaf)
-                self._tally(self._fused_flops, (args, kwargs), out, self._fused_math)
+                self._tally(self._fused_flops, (args, kwargs), out, self._fused_math,
+                            fused=True)
             return out
 
         return region
@@ -154,7 +174,7 @@ class Tracker(TorchDispatchMode):
             out = func(*args, **kwargs)
         if self._fused_depth:
             self._fused_flops += self._flops_of(func, args, kwargs, out)
-            self._fused_math = self._fused_math or _is_math(func)
+            self._fused_math = self._fused_math or _is_math(func, TRANSCENDENTAL)
             return out
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
@@ -173,10 +193,16 @@ class Tracker(TorchDispatchMode):
             return 0
 
     def _count(self, func, args, kwargs, out) -> None:
-        self._tally(self._flops_of(func, args, kwargs, out), (args, kwargs), out,
-                    _is_math(func))
+        name = func._overloadpacket.__name__
+        if name in ALLOCATIONS:
+            self._tally(0, (), (), False)
+        elif name in INDEXING:
+            self._tally(0, *_selected(name, args, kwargs, out), False)
+        else:
+            self._tally(self._flops_of(func, args, kwargs, out), (args, kwargs), out,
+                        _is_math(func))
 
-    def _tally(self, flops: int, inputs, out, math: bool) -> None:
+    def _tally(self, flops: int, inputs, out, math: bool, fused: bool = False) -> None:
         tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         read = sum(t.numel() * t.element_size() for t in tensors)
@@ -184,8 +210,21 @@ class Tracker(TorchDispatchMode):
         width = next((t.element_size() * 8 for t in tensors if t.dtype.is_floating_point), 32)
         elements = max((t.numel() for t in (*tensors, *outputs)), default=0) if math and \
             not flops else 0
-        key = (flops, read + written, min(width, 32), elements)
+        key = (flops, read + written, min(width, 32), elements, int(fused))
         self.work.setdefault(self.phase, Counter())[key] += 1
+
+
+def _selected(name, args, kwargs, out):
+    """An indexing op's traffic, as (what it reads, what it writes): the indices and the elements
+    selected, which the output (a gather) or the values (a put, a scatter) hold."""
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if name.startswith(("index_put", "_index_put", "scatter")):
+        # the first tensor is the one written into: only its selected elements are touched
+        indices = [t for t in tensors[1:] if not t.dtype.is_floating_point]
+        values = [t for t in tensors[1:] if t.dtype.is_floating_point]
+        return [*indices, *values], values
+    indices = [t for t in tensors if not t.dtype.is_floating_point]
+    return [*indices, *tree_leaves(out)], out
 
 
 def _masked_select(density, source, mask):

@@ -56,3 +56,39 @@ def test_measured_figures_replace_the_datasheet():
     assert p.op_seconds(1e9, 0, 16) == pytest.approx(2.0 * 1e9 / 1e11)
     assert p.op_seconds(0, 1e10, 16) == pytest.approx(2.0)
     assert p.op_seconds(0, 0, 16, elements=10 ** 9) == pytest.approx(2.0)
+
+
+def test_a_step_prices_its_micro_batches_and_its_update_apart():
+    data = json.load(open(profile.load("cpu").path))
+    data["measured"] = {"gemm": {"16": [[1e6, 1e9], [1e9, 1e11]]},
+                        "elementwise_bytes_per_s": {"16": 1e10}, "op_overhead_s": 0.0,
+                        "math_elements_per_s": 1e9, "step_efficiency": 2.0,
+                        "update_efficiency": 0.5, "framework_op_overhead_s": 0.25,
+                        "fused_bytes_per_s": {"16": 5e9}, "fused_overhead_s": 0.125}
+    p = profile.from_dict(data)
+    assert p.op_seconds(0, 1e10, 16) == pytest.approx(2.0 + 0.25)
+    assert p.op_seconds(0, 1e10, 16, microbatch=False) == pytest.approx(0.5 + 0.25)
+    # a compiled region: its bytes at its own rate and call cost; its transcendentals at theirs
+    assert p.op_seconds(0, 1e10, 16, fused=True) == pytest.approx((2.0 + 0.125) * 2.0 + 0.25)
+    assert p.op_seconds(0, 1e10, 16, elements=10 ** 10, fused=True) == \
+        pytest.approx((10.0 + 0.125) * 2.0 + 0.25)
+
+
+def test_collectives_inside_a_step_pay_their_wake_up_and_overlap_as_measured():
+    from megatron_musa_patch.lib.plan import cost
+
+    data = json.load(open(profile.load("cpu").path))
+    result = {"stage": 0, "forward_calls": 1,
+              "work": {"backward": [[0, 10 ** 9, 32, 0, 0, 1]]},
+              "comms": [["all_reduce", 2 ** 20, 2, 1, "forward", False, 3],
+                        ["all_reduce", 2 ** 20, 2, 1, "backward", True, 2]]}
+    base = dict(data["measured"], collective_in_step_s=0.0)
+    plain = cost.price(result, profile.from_dict(dict(data, measured=base)))
+    woken = cost.price(result, profile.from_dict(
+        dict(data, measured=dict(base, collective_in_step_s=0.01, collective_overlap=0.0))))
+    assert woken.forward_s == pytest.approx(plain.forward_s + 3 * 0.01)
+    # nothing hides on a device whose collectives share the cores with compute
+    one = profile.from_dict(dict(data, measured=base)).collective_seconds(
+        "all_reduce", 2 ** 20, 2, 1)
+    assert woken.backward_s == pytest.approx(woken.compute_by_phase["backward"]
+                                             + 2 * (one + 0.01))

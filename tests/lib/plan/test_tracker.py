@@ -77,7 +77,45 @@ def test_a_compiled_region_counts_its_outputs_only():
     assert fused.peak == 64 * 1024 * 4  # the output alone
     assert eager.peak >= 2 * 64 * 1024 * 4  # an intermediate beside the output
     (key, count), = fused.work["setup"].items()
-    assert count == 1 and key[1] == 2 * 64 * 1024 * 4 and key[3] > 0  # one op, math
+    # one op, math, marked fused (priced at a compiled region's own rate)
+    assert count == 1 and key[1] == 2 * 64 * 1024 * 4 and key[3] > 0 and key[4] == 1
+    # a norm's root and division fuse into the bytes it moves: no transcendental rate
+    norm = Tracker()
+    with FakeTensorMode():
+        y = torch.empty(64, 1024)
+        with norm:
+            norm.fused(lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5))(y)
+    (key, count), = norm.work["setup"].items()
+    assert key[3] == 0 and key[4] == 1
+
+
+def _one_op_work(fn):
+    """The work rows of ``fn(operands)``, with ``operands = fn(None)`` made before tracking."""
+    tracker = Tracker()
+    with FakeTensorMode():
+        operands = fn(None)
+        with tracker:
+            fn(operands if operands is not None else ())
+    return [key for counter in tracker.work.values() for key in counter]
+
+
+def test_views_cost_nothing_allocations_their_issue_and_indexing_its_selection():
+    # matmul hands its result back through _unsafe_view, whose schema says nothing of aliasing
+    keys = _one_op_work(lambda o: (torch.empty(8, 4, 64), torch.empty(64, 32)) if o is None
+                        else torch.matmul(*o))
+    assert len(keys) == 1 and keys[0][0] == 2 * 32 * 64 * 32  # the product alone
+    keys = _one_op_work(lambda o: None if o is None else torch.empty(1 << 20, dtype=torch.half))
+    assert keys == [(0, 0, 32, 0, 0)]  # issued, nothing read or written (width: none read)
+    # a gather of 8 rows of a 4000-row table reads those rows and the indices, not the table
+    keys = _one_op_work(lambda o: (torch.empty(4000, 256), torch.zeros(8, dtype=torch.long))
+                        if o is None else o[0][o[1]])
+    (flops, nbytes, *_), = keys
+    assert nbytes == 2 * 8 * 256 * 4 + 8 * 8
+    keys = _one_op_work(lambda o: (torch.empty(4000, 256), torch.zeros(8, dtype=torch.long),
+                                   torch.empty(8, 256)) if o is None
+                        else o[0].index_put_((o[1],), o[2]))
+    (flops, nbytes, *_), = keys
+    assert nbytes == 2 * 8 * 256 * 4 + 8 * 8
 
 
 def test_a_value_asked_of_a_fake_tensor_is_neutral():
