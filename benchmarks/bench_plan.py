@@ -2,8 +2,13 @@
 within 15% of the measured median step, Megatron's own estimate beside each; ``--search``'s
 first layout against the fastest layout it considered, all measured.
 
-    python benchmarks/bench_plan.py --lm-path MEGATRON_LM --profile PROFILE.json [--only NAME,...]
-        [--search] [--out benchmarks/results/plan_cpu_<date>.json]
+    python benchmarks/bench_plan.py --lm-path MEGATRON_LM (--profile PROFILE.json | --calibrate)
+        [--only NAME,...] [--search] [--out benchmarks/results/plan_cpu_<date>.json]
+
+``--calibrate`` first measures this machine: ``mmp plan --calibrate --device cpu
+--nproc-per-node 2 pretrain_gpt.py CALIBRATION`` (a model none of the configurations below has:
+2 layers, hidden 384, sequence 192), written beside the results as
+``plan_cpu_profile_<date>.json``, and plans with it.
 
 Each configuration of the stock ``pretrain_gpt.py`` on 2 CPU ranks (gloo):
 
@@ -46,6 +51,11 @@ BASE = [
     "--hidden-dropout", "0", "--attention-dropout", "0", "--mock-data", "--log-interval", "1",
 ]
 DISTOPT = ["--use-distributed-optimizer"]
+#: the calibration's model: BASE with another shape, so no configuration below is calibrated on
+CALIBRATION = [*[t for name, values in (("--num-layers", "2"), ("--hidden-size", "384"),
+                                        ("--ffn-hidden-size", "1536"),
+                                        ("--num-attention-heads", "6"), ("--seq-length", "192"))
+                 for t in (name, values)]]
 MLA = ["--multi-latent-attention", "--q-lora-rank", "64", "--kv-lora-rank", "32",
        "--qk-head-dim", "32", "--qk-pos-emb-head-dim", "16", "--v-head-dim", "32"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "512",
@@ -72,9 +82,20 @@ CONFIGS = {
     "dp2-offload": [*DISTOPT, "--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
                     "--use-precision-aware-optimizer"],
     "moe-ep2": [*DISTOPT, *MOE, "--expert-model-parallel-size", "2"],
+    # the routing the planner assumes (balanced), forced in the real run too
+    "moe-ep2-balanced": [*DISTOPT, *MOE, "--expert-model-parallel-size", "2",
+                         "--moe-router-force-load-balancing"],
     "mla-dp2": [*DISTOPT, *MLA],
     "mtp-dp2": [*DISTOPT, "--mtp-num-layers", "1"],
 }
+
+
+def calibration_args() -> list:
+    """BASE with the calibration's shape, data-parallel with the distributed optimizer."""
+    from megatron_musa_patch.lib.plan import flags as edit
+
+    changed = dict(zip(CALIBRATION[::2], CALIBRATION[1::2]))
+    return edit.edited([*BASE, *DISTOPT], changed)
 
 
 def lm_script(lm_path: str) -> str:
@@ -246,6 +267,8 @@ def main() -> int:
                    help="print an earlier run's results as markdown tables and exit")
     p.add_argument("--lm-path")
     p.add_argument("--profile", help="a profile from mmp plan --calibrate")
+    p.add_argument("--calibrate", action="store_true",
+                   help="calibrate this machine first (see above) and plan with that profile")
     p.add_argument("--only", default="")
     p.add_argument("--search", action="store_true")
     p.add_argument("--out", default="")
@@ -254,10 +277,29 @@ def main() -> int:
         with open(o.table) as f:
             print(markdown(json.load(f)))
         return 0
-    if not o.lm_path or not o.profile:
-        p.error("--lm-path and --profile are needed to measure")
+    if not o.lm_path or not (o.profile or o.calibrate):
+        p.error("--lm-path and --profile (or --calibrate) are needed to measure")
+    if o.calibrate:
+        o.profile = os.path.join(HERE, "results",
+                                 f"plan_cpu_profile_{datetime.date.today().isoformat()}.json")
+        done = mmp("plan", "--calibrate", "--device", "cpu", "--nproc-per-node", "2",
+                   "--output", o.profile, lm_script(o.lm_path), *calibration_args(),
+                   env=dict(os.environ, MEGATRON_LM_PATH=o.lm_path))
+        print(done.stdout.decode(errors="replace")[-600:], flush=True)
+        if done.returncode != 0:
+            return 1
     names = [n for n in (o.only.split(",") if o.only else CONFIGS)]
+    out = o.out or os.path.join(HERE, "results",
+                                f"plan_cpu_{datetime.date.today().isoformat()}.json")
     rows = []
+    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+              "python": platform.python_version(), "lm_path": o.lm_path,
+              "profile": o.profile, "configs": rows,
+              # read from the installed distributions: importing Megatron here would make the
+              # layer refuse to activate later in this process (the search imports it)
+              **{key: _version(dist) for key, dist in (("torch", "torch"),
+                                                       ("megatron_core", "megatron-core"))}}
     for name in names:
         try:
             row = compare(name, o.lm_path, o.profile, CONFIGS[name])
@@ -265,26 +307,28 @@ def main() -> int:
             row = {"name": name, "flags": CONFIGS[name], "failed": str(exc)[-2000:]}
         rows.append(row)
         print(line(row), flush=True)
-    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "python": platform.python_version(), "lm_path": o.lm_path,
-              "profile": o.profile, "configs": rows}
-    try:
-        import megatron.core
-        import torch
-
-        result.update(torch=torch.__version__, megatron_core=megatron.core.__version__)
-    except Exception:  # noqa: BLE001
-        pass
+        _write(out, result)  # what ran so far survives a later failure
     if o.search:
         result["search"] = search(o.lm_path, o.profile)
         print(json.dumps(result["search"], indent=1))
-    out = o.out or os.path.join(HERE, "results",
-                                f"plan_cpu_{datetime.date.today().isoformat()}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+        _write(out, result)
     print(f"wrote {out}")
     return 0
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _write(path: str, result: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def line(row) -> str:
