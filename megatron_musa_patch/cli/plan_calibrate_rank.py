@@ -321,7 +321,7 @@ def in_step_collectives(device, on_cpu: bool) -> dict:
     the backend has its own engines, near 0 where it shares the cores with the compute)."""
     if dist.get_world_size() < 2:
         return {}
-    h = 256 if on_cpu else 8192  # a product of about a millisecond, four in a row on the CPU
+    h = 256 if on_cpu else 4096  # a product of about a millisecond (four in a row on the CPU)
     x = torch.randn(2 * h, h, device=device, dtype=torch.bfloat16)
     w = torch.randn(h, 4 * h, device=device, dtype=torch.bfloat16)
     tensor = torch.ones(1 << 17, device=device, dtype=torch.bfloat16)  # 256 KiB
