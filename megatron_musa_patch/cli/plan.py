@@ -85,8 +85,8 @@ def main(argv: Sequence[str]) -> int:
 
     devices = [profiles.load(name) for name in options.device.split(",") if name]
     planner = Planner(options.script, options.nodes, options.nproc_per_node, devices[0],
-                      jobs=options.jobs or min(os.cpu_count() or 1, 4), quiet=options.json)
-    planner.every_stage = options.every_stage
+                      jobs=options.jobs or min(os.cpu_count() or 1, 4), quiet=options.json,
+                      every_stage=options.every_stage)
     return planner.run_on(devices, list(options.script_args), options)
 
 
@@ -96,12 +96,13 @@ class Planner:
     and backend behaviour (a device's collective transients), so another device prices them
     again without running them again."""
 
-    def __init__(self, script: str, nodes: int, nproc: int, device, jobs: int, quiet: bool):
+    def __init__(self, script: str, nodes: int, nproc: int, device, jobs: int, quiet: bool,
+                 every_stage: bool = False):
         self.script, self.nodes, self.nproc, self.device = script, nodes, nproc, device
         self.world = nodes * nproc
         self.jobs, self.quiet = max(jobs, 1), quiet
         #: plan every middle stage instead of deriving them from two (``--every-stage``)
-        self.every_stage = False
+        self.every_stage = every_stage
         self.release = ""
         self._results: Dict[Tuple, object] = {}
         self._estimates: Dict[Tuple, object] = {}

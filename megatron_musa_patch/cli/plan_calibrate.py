@@ -5,13 +5,13 @@ once; their figures replace the base profile's speeds (``--device``: the profile
 links describe this machine; ``cpu`` when no accelerator is present), and the file records the
 machine, the date and the command, so a plan made with it says what it was measured on.
 
-With a training script and its arguments (a data-parallel layout), the whole step is measured
-too: the script runs for real as given, at twice its sequence length and at twice its layers of
-half the width, and each run is planned with the figures just measured. What the real micro-batches add to
-their ops priced one by one (a factor and a cost per op) and what the real update adds to its
-own (a factor) then replace the single layer's figures: the embedding, the loss, the data loader
-and the framework between layers are in them. On two ranks or more a run with tensor
-parallelism 2 then measures what a collective costs inside a step beyond its table.
+With a training script and its arguments (a data-parallel layout), the whole step is measured too:
+the script runs for real as given, at twice its sequence length and at twice its layers of half the
+width, and each run is planned with the figures just measured. What the real micro-batches add to
+their ops priced one by one (a factor and a cost per op) and what the real update adds to its own
+(a factor) then replace the single layer's figures: the embedding, the loss, the data loader and
+the framework between layers are in them. On two ranks or more a run with tensor parallelism 2 then
+measures what a collective costs inside a step beyond its table.
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ def calibrate(options, planner_class) -> int:
     base_name = options.device
     base = profiles.load(base_name)
     out_path = options.output or f"mmp-profile-{base.name}.json"
-    rank_script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               "plan_calibrate_rank.py")
     nproc = options.nproc_per_node
     command = ["mmp", "plan", "--calibrate", "--device", base_name, "--nproc-per-node",
                str(nproc), "--output", out_path]
@@ -72,11 +70,8 @@ def calibrate(options, planner_class) -> int:
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="mmp-calibrate-") as tmp:
         result = os.path.join(tmp, "measured.json")
-        env = dict(os.environ, MMP_PLAN_CALIBRATE_OUT=result)
-        done = subprocess.run([sys.executable, "-m", "megatron_musa_patch.cli.main", "run",
-                               "--standalone", "--nproc-per-node", str(nproc), rank_script],
-                              env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        done = _on_node_ranks(nproc, "plan_calibrate_rank.py", [],
+                              MMP_PLAN_CALIBRATE_OUT=result)
         if done.returncode != 0 or not os.path.exists(result):
             raise MegatronMusaPatchError(
                 "mmp plan --calibrate: the measuring ranks failed:\n"
@@ -141,9 +136,10 @@ def refuse_step_arguments(script: str, args: list) -> None:
 
 def step_calibration(data: dict, script: str, args: list, nproc: int, planner_class) -> dict:
     """The script's step, real against priced: as given, at twice the sequence and at twice the
-    layers of half the width, the micro-batches' factor and cost per op (``fit``) and the update's factor; then,
-    on two ranks or more, the same run with tensor parallelism 2: what each collective costs
-    inside the step beyond its table (its backend waking after compute, its peers arriving)."""
+    layers of half the width, the micro-batches' factor and cost per op (``fit``) and the update's
+    factor; then, on two ranks or more, the same run with tensor parallelism 2: what each
+    collective costs inside the step beyond its table (its backend waking after compute, its
+    peers arriving)."""
     from megatron_musa_patch.lib.plan import fit, flags
     from megatron_musa_patch.lib.plan import profile as profiles
 
@@ -244,16 +240,21 @@ def _measured(planner, profile, script: str, args: list, nproc: int, label: str,
     }
 
 
+def _on_node_ranks(nproc: int, rank_script: str, args: list, **env: str):
+    """``mmp run`` of one of this package's rank scripts on the node's ranks at once; its
+    output captured."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), rank_script)
+    return subprocess.run([sys.executable, "-m", "megatron_musa_patch.cli.main", "run",
+                           "--standalone", "--nproc-per-node", str(nproc), path, *args],
+                          env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+
+
 def _real_step(script: str, args: list, nproc: int) -> dict:
     """The median step and forward-backward seconds of rank 0, past the first steps."""
-    rank_script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               "plan_calibrate_step.py")
     with tempfile.TemporaryDirectory(prefix="mmp-calibrate-step-") as out:
-        done = subprocess.run(
-            [sys.executable, "-m", "megatron_musa_patch.cli.main", "run", "--standalone",
-             "--nproc-per-node", str(nproc), rank_script, script, *args],
-            env=dict(os.environ, MMP_PLAN_CALIBRATE_STEP_OUT=out),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        done = _on_node_ranks(nproc, "plan_calibrate_step.py", [script, *args],
+                              MMP_PLAN_CALIBRATE_STEP_OUT=out)
         path = os.path.join(out, "rank0.json")
         if done.returncode != 0 or not os.path.exists(path):
             raise MegatronMusaPatchError(
