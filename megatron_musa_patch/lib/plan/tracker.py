@@ -53,10 +53,24 @@ def rounded(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK if nbytes else 0
 
 
+def _grouped_mm_flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
+    """``_grouped_mm``'s products: each output element is a dot product over the contracted
+    dimension, except with two 2-D operands (a weight gradient), whose groups split the
+    contracted dimension and each write a whole [m, n] output."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        return 2 * mat_a.shape[0] * mat_a.shape[1] * mat_b.shape[1]
+    return 2 * out_val.numel() * mat_a.shape[-1]
+
+
+#: formulas for ops torch's table lacks (MoE's grouped GEMMs, ``--moe-grouped-gemm``)
+EXTRA_FLOPS = {"_grouped_mm": _grouped_mm_flops}
+
+
 def _flop_table():
     from torch.utils.flop_counter import flop_registry
 
-    return flop_registry
+    table = {packet.__name__: formula for packet, formula in flop_registry.items()}
+    return {**EXTRA_FLOPS, **table}
 
 
 #: views whose schema does not say so (``matmul`` returns its result through one)
@@ -184,7 +198,7 @@ class Tracker(TorchDispatchMode):
         return out
 
     def _flops_of(self, func, args, kwargs, out) -> int:
-        counter = self._flops.get(func._overloadpacket)
+        counter = self._flops.get(func._overloadpacket.__name__)
         if counter is None:
             return 0
         try:

@@ -123,3 +123,21 @@ def test_a_value_asked_of_a_fake_tensor_is_neutral():
         t = torch.empty(4)
         assert bool(torch.isnan(t).any()) is False
         assert float(t.norm()) == 1.0
+
+
+def test_grouped_gemms_count_their_products_forward_and_backward():
+    # MoE's --moe-grouped-gemm runs aten._grouped_mm, which torch's FLOP table lacks: priced by
+    # its bytes alone it would cost next to nothing
+    from megatron_musa_patch.lib.ops.grouped_gemm import gmm
+
+    tracker = Tracker()
+    with FakeTensorMode():
+        a = torch.empty(64, 32, dtype=torch.bfloat16, requires_grad=True)
+        b = torch.empty(4, 32, 48, dtype=torch.bfloat16, requires_grad=True)
+        tokens_per_expert = torch.tensor([16, 8, 0, 40])
+        with tracker:
+            gmm(a, b, tokens_per_expert).sum().backward()
+    products = sorted(flops for counter in tracker.work.values() for (flops, *_), n in
+                      counter.items() for _ in range(n) if flops)
+    # forward, input gradient, weight gradient: each 2 x tokens x 32 x 48
+    assert products == [2 * 64 * 32 * 48] * 3
