@@ -10,8 +10,10 @@ the script runs for real as given, at twice its sequence length and at twice its
 width, and each run is planned with the figures just measured. What the real micro-batches add to
 their ops priced one by one (a factor and a cost per op) and what the real update adds to its own
 (a factor) then replace the single layer's figures: the embedding, the loss, the data loader and
-the framework between layers are in them. On two ranks or more a run with tensor parallelism 2 then
-measures what a collective costs inside a step beyond its table.
+the framework between layers are in them. On two ranks or more two runs with tensor and sequence
+parallelism 2 (as given, at twice the sequence) then measure what the collectives inside a
+micro-batch add to their table: a cost each, and the ranks' wait for each other, a share of the
+compute between.
 """
 
 from __future__ import annotations
@@ -137,9 +139,10 @@ def refuse_step_arguments(script: str, args: list) -> None:
 def step_calibration(data: dict, script: str, args: list, nproc: int, planner_class) -> dict:
     """The script's step, real against priced: as given, at twice the sequence and at twice the
     layers of half the width, the micro-batches' factor and cost per op (``fit``) and the update's
-    factor; then, on two ranks or more, the same run with tensor parallelism 2: what each
-    collective costs inside the step beyond its table (its backend waking after compute, its
-    peers arriving)."""
+    factor; then, on two ranks or more, the same run with tensor and sequence parallelism 2, as
+    given and at twice the sequence: what each collective costs inside the step beyond its
+    table (its backend waking after compute) and what the ranks wait for each other (a share
+    of the compute between their meetings)."""
     from megatron_musa_patch.lib.plan import fit, flags
     from megatron_musa_patch.lib.plan import profile as profiles
 
@@ -179,20 +182,34 @@ def step_calibration(data: dict, script: str, args: list, nproc: int, planner_cl
         fitted = profiles.from_dict(dict(data, measured=dict(unscaled, **figures)),
                                     "<calibration>")
         planner.device = fitted
-        tp_args = flags.edited(args, {"--tensor-model-parallel-size": 2})
-        try:
-            tp = _measured(planner, fitted, script, tp_args, nproc, "tensor parallelism 2",
-                           data_parallel=False)
-        except ArgumentError as refused:  # the model does not split in two (its heads)
-            print(f"mmp plan: the collectives inside a step keep the figure measured after "
-                  f"compute: Megatron refuses this model at tensor parallelism 2 "
-                  f"({' '.join(str(refused).split())[:200]})", file=sys.stderr, flush=True)
-            return figures
-        if tp["collectives_per_microbatch"]:
-            figures["collective_in_step_s"] = max(
-                (tp["real_microbatch_s"] - tp["priced_microbatch_s"])
-                / tp["collectives_per_microbatch"], 0.0)
-        figures["step_runs"].append(tp)
+        tp_runs = []
+        # tensor parallelism 2 as given and at twice the sequence: the same collectives, twice
+        # the compute between them, which separates their own cost from the wait for the peer;
+        # with sequence parallelism, as Megatron advises with tensor parallelism: its
+        # all-gathers and reduce-scatters are what large runs exchange
+        for label, changed in (("tensor and sequence parallelism 2", {}),
+                               (f"tensor and sequence parallelism 2, sequence {2 * sequence}",
+                                {"--seq-length": 2 * sequence,
+                                 "--max-position-embeddings": max(
+                                     2 * sequence,
+                                     int(flags.value(args, "--max-position-embeddings") or 0))})):
+            tp_args = flags.edited(args, {"--tensor-model-parallel-size": 2,
+                                          "--sequence-parallel": None, **changed})
+            try:
+                tp_runs.append(_measured(planner, fitted, script, tp_args, nproc, label,
+                                         data_parallel=False))
+            except ArgumentError as refused:  # the model does not split in two (its heads)
+                print(f"mmp plan: the collectives inside a step keep the figure measured after "
+                      f"compute: Megatron refuses this model at tensor parallelism 2 "
+                      f"({' '.join(str(refused).split())[:200]})", file=sys.stderr, flush=True)
+                return figures
+        points = [(r["real_microbatch_s"] - r["priced_microbatch_s"],
+                   r["collectives_per_microbatch"], r["priced_microbatch_compute_s"])
+                  for r in tp_runs if r["collectives_per_microbatch"]]
+        if points:
+            figures["collective_in_step_s"], figures["collective_wait_share"] = \
+                fit.per_collective_and_wait_share(points)
+        figures["step_runs"].extend(tp_runs)
     return figures
 
 
@@ -228,6 +245,8 @@ def _measured(planner, profile, script: str, args: list, nproc: int, label: str,
         "run": label,
         "real_microbatch_s": (real["passes_s"] - around) / result["microbatches"],
         "priced_microbatch_s": priced.forward_s + priced.backward_s,
+        "priced_microbatch_compute_s": sum(priced.compute_by_phase.get(p, 0.0)
+                                           for p in cost.MICROBATCH) / calls,
         "ops": sum(row[-1] for p in cost.MICROBATCH for row in result["work"].get(p, []))
         / calls,
         "collectives_per_microbatch": sum(

@@ -286,31 +286,40 @@ def collective_transient(device, on_cpu: bool) -> dict:
 
 
 def collectives(device, sizes) -> dict:
+    """Each collective's time by size among this node's ranks (none on one rank: its
+    collectives return at once and say nothing of a link)."""
     world = dist.get_world_size()
     rank = dist.get_rank()
-    out = {"all_reduce": [], "all_gather": [], "reduce_scatter": [], "p2p": []}
+    if world < 2:
+        return {}
+    out = {"all_reduce": [], "all_gather": [], "reduce_scatter": [], "all_to_all": [],
+           "p2p": []}
     for nbytes in sizes:
         n = max(nbytes // 4, 1)
         x = torch.ones(n, device=device)
         big = torch.empty(n * world, device=device)
+        # MoE's token exchange: the whole tensor recorded, a 1/world share to each peer
+        whole = torch.ones(-(-n // world) * world, device=device)
+        exchanged = torch.empty_like(whole)
         dist.barrier()
         out["all_reduce"].append([nbytes, _timed(lambda: dist.all_reduce(x), repeat=5)])
         out["all_gather"].append([nbytes, _timed(lambda: dist.all_gather_into_tensor(big, x),
                                                  repeat=5)])
         out["reduce_scatter"].append([nbytes, _timed(
             lambda: dist.reduce_scatter_tensor(x, big), repeat=5)])
-        if world > 1:
-            peer = 1 - rank if rank < 2 else None
+        out["all_to_all"].append([nbytes, _timed(
+            lambda: dist.all_to_all_single(exchanged, whole), repeat=5)])
+        peer = 1 - rank if rank < 2 else None
 
-            def p2p():
-                if peer is None:
-                    return
-                if rank == 0:
-                    dist.send(x, peer)
-                else:
-                    dist.recv(x, peer)
+        def p2p():
+            if peer is None:
+                return
+            if rank == 0:
+                dist.send(x, peer)
+            else:
+                dist.recv(x, peer)
 
-            out["p2p"].append([nbytes, _timed(p2p, repeat=5)])
+        out["p2p"].append([nbytes, _timed(p2p, repeat=5)])
     return {k: {"ranks": world, "seconds_by_bytes": v} for k, v in out.items() if v}
 
 

@@ -6,8 +6,9 @@ that size and its bytes at the memory bandwidth (a compiled region's at its own 
 cost of issuing one op, then what a real step adds to it (``Profile.op_seconds``: a factor for a
 micro-batch's ops and another for the update's, a cost per op); a collective
 takes its ring's steps of latency plus its volume over the link it crosses (within a node or
-between nodes), plus what a step adds to each (its backend waking after compute, its peers
-arriving). Collectives asked for asynchronously (gradient buckets reduced during the backward
+between nodes), plus what a step adds to each (its backend waking after compute), and a
+micro-batch whose ranks meet at collectives waits for the slowest of them (a share of its
+compute). Collectives asked for asynchronously (gradient buckets reduced during the backward
 pass) hide behind the compute of their phase as far as the device lets them (its
 ``collective_overlap``), and what exceeds it shows.
 """
@@ -48,6 +49,7 @@ def price(result: dict, profile: Profile) -> StageCost:
     hidden: Dict[str, float] = {}
     transfers = []
     in_step, overlap = profile.collective_in_step_s(), profile.collective_overlap()
+    synchronised = set()
     for op, nbytes, ranks, nodes, phase, overlapped, n in result["comms"]:
         seconds = profile.collective_seconds(op, nbytes, ranks, nodes)
         seconds = n * (seconds + in_step if seconds else 0.0)
@@ -58,6 +60,11 @@ def price(result: dict, profile: Profile) -> StageCost:
             comm[phase] = comm.get(phase, 0.0) + (1.0 - overlap) * seconds
         else:
             comm[phase] = comm.get(phase, 0.0) + seconds
+            if seconds and op not in P2P:
+                synchronised.add(phase)
+    # ranks meeting inside a micro-batch (tensor, expert parallelism) wait for the slowest
+    for phase in synchronised & set(MICROBATCH):
+        comm[phase] += profile.collective_wait_share() * compute.get(phase, 0.0)
     calls = max(result.get("forward_calls") or 1, 1)
     forward = (compute.get("forward", 0.0) + comm.get("forward", 0.0)) / calls
     backward = (compute.get("backward", 0.0) + comm.get("backward", 0.0)) / calls

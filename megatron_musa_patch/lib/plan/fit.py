@@ -26,3 +26,30 @@ def factor_and_per_op(points: Sequence[Tuple[float, float, float]]) -> Tuple[flo
         if per_op >= 0 and factor > 0:
             return factor, per_op
     return sum(r for r, _, _ in points) / sum(p for _, p, _ in points), 0.0
+
+
+def per_collective_and_wait_share(
+        points: Sequence[Tuple[float, float, float]]) -> Tuple[float, float]:
+    """What synchronous collectives add to a micro-batch beyond their isolated times:
+    ``extra = collectives x per_collective + wait_share x compute`` (a cost each: the backend
+    waking; a share of the compute: ranks that meet wait for the slowest, whose lag grows with
+    the work since they last met). ``points``: (extra seconds, collectives, priced compute
+    seconds), fitted in least squares; a negative term is dropped and the other fitted alone."""
+    def alone(pick):
+        den = sum(pick(n, c) ** 2 for _, n, c in points)
+        return max(sum(e * pick(n, c) for e, n, c in points) / den, 0.0) if den else 0.0
+
+    nn = sum(n * n for _, n, _ in points)
+    nc = sum(n * c for _, n, c in points)
+    cc = sum(c * c for _, _, c in points)
+    en = sum(e * n for e, n, _ in points)
+    ec = sum(e * c for e, _, c in points)
+    determinant = nn * cc - nc * nc
+    if determinant > 1e-12 * nn * cc:
+        per_collective = (en * cc - ec * nc) / determinant
+        share = (nn * ec - nc * en) / determinant
+        if per_collective >= 0 and share >= 0:
+            return per_collective, share
+        if per_collective < 0 <= share:
+            return 0.0, alone(lambda n, c: c)
+    return alone(lambda n, c: n), 0.0

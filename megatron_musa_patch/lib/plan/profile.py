@@ -137,7 +137,7 @@ class Profile:
             return 0.0
         kind = kind_of(op)
         measured = (self.measured or {}).get("collectives", {}).get(kind)
-        if measured and nodes <= 1:
+        if measured and nodes <= 1 and measured["ranks"] > 1:
             # measured among `measured_ranks`; a ring's time scales with (n-1)/n of the volume
             table = measured["seconds_by_bytes"]
             n0 = measured["ranks"]
@@ -151,6 +151,12 @@ class Profile:
         """What a collective adds inside a step to its table's time: its backend waking after
         compute, its peers arriving (``--calibrate`` measures it)."""
         return float((self.measured or {}).get("collective_in_step_s") or 0.0)
+
+    def collective_wait_share(self) -> float:
+        """What ranks meeting at a micro-batch's synchronous collectives wait for each other, as
+        a share of that micro-batch's compute (the slowest rank's lag grows with the work since
+        they last met): measured by ``--calibrate`` with a script on two ranks, else 0."""
+        return float((self.measured or {}).get("collective_wait_share") or 0.0)
 
     def collective_overlap(self) -> float:
         """The share of an asynchronous collective that hides behind compute issued after it:

@@ -92,3 +92,76 @@ def test_collectives_inside_a_step_pay_their_wake_up_and_overlap_as_measured():
         "all_reduce", 2 ** 20, 2, 1)
     assert woken.backward_s == pytest.approx(woken.compute_by_phase["backward"]
                                              + 2 * (one + 0.01))
+
+
+def test_ranks_meeting_inside_a_micro_batch_wait_a_share_of_its_compute():
+    from megatron_musa_patch.lib.plan import cost
+
+    data = json.load(open(profile.load("cpu").path))
+    work = [[0, 10 ** 9, 32, 0, 0, 1]]
+    result = {"stage": 0, "forward_calls": 1, "work": {"forward": work, "backward": work},
+              "comms": [["all_gather_into_tensor", 2 ** 18, 2, 1, "forward", False, 4],
+                        ["all_reduce", 2 ** 20, 2, 1, "backward", True, 2]]}
+    base = dict(data["measured"], collective_wait_share=0.0)
+    plain = cost.price(result, profile.from_dict(dict(data, measured=base)))
+    waiting = cost.price(result, profile.from_dict(
+        dict(data, measured=dict(base, collective_wait_share=0.25))))
+    assert waiting.forward_s == pytest.approx(
+        plain.forward_s + 0.25 * plain.compute_by_phase["forward"])
+    # a pass whose only collectives are asynchronous (gradient buckets) meets no peer
+    assert waiting.backward_s == pytest.approx(plain.backward_s)
+
+
+def test_measured_collectives_price_moe_exchanges_and_a_one_rank_table_is_not_used():
+    data = json.load(open(profile.load("cpu").path))
+    data["measured"] = {"collectives": {"all_to_all": {
+        "ranks": 2, "seconds_by_bytes": [[1024, 4e-4], [2 ** 20, 8e-4]]}}}
+    datasheet = profile.from_dict(dict(data, measured={})).collective_seconds(
+        "all_to_all_single", 1024, 2, 1)
+    assert profile.from_dict(data).collective_seconds("all_to_all_single", 1024, 2, 1) == \
+        pytest.approx(4e-4) != datasheet
+    # a one-rank calibration's collectives return at once: the link's figures stay
+    data["measured"]["collectives"]["all_to_all"]["ranks"] = 1
+    assert profile.from_dict(data).collective_seconds("all_to_all_single", 1024, 2, 1) == \
+        pytest.approx(datasheet)
+
+
+def _calibrated_collectives(rank, port, out):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from megatron_musa_patch.cli.plan_calibrate_rank import collectives
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        table = collectives(torch.device("cpu"), [4096, 65536])
+        if rank == 0:
+            out.put(table)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_calibration_times_every_kind_of_collective_a_plan_prices():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from megatron_musa_patch.lib.plan.kinds import kind_of
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_calibrated_collectives, args=(port, queue), nprocs=2,
+                       start_method="spawn")
+    table = queue.get()
+    kinds = {kind_of(op) for op in ("all_reduce", "all_gather_into_tensor",
+                                    "reduce_scatter_tensor", "all_to_all_single", "isend")}
+    assert set(table) == kinds
+    for kind in kinds:
+        assert table[kind]["ranks"] == 2
+        assert [size for size, _ in table[kind]["seconds_by_bytes"]] == [4096, 65536]
+        assert all(seconds > 0 for _, seconds in table[kind]["seconds_by_bytes"])
