@@ -41,9 +41,6 @@ def _on(value: str) -> bool:
 
 #: name -> (what MT does with it, what to use here instead) for switches the layer lacks
 MISSING = {
-    "ENABLE_ZERO_BUBBLE": ("MT's zero-bubble pipeline schedule (deferred weight-gradient GEMMs)",
-                           "no zero-bubble schedule here; the 1F1B / interleaved schedules run "
-                           "(--num-layers-per-virtual-pipeline-stage for fewer bubbles)"),
     "USE_EPX": ("MT's EPX fault tolerance / elastic training (external EPX package)",
                 "launch with `mmp run --max-restarts N` (or torchrun --max-restarts N) and "
                 "--save D --load D: a hung or frozen rank is ended by the hang watchdog "
@@ -72,6 +69,8 @@ MISSING = {
 
 #: name -> why setting it needs nothing here
 HONOURED = {
+    "ENABLE_ZERO_BUBBLE": "sets --enable-zero-bubble: the ZB-H1 schedule (weight-gradient GEMMs "
+                          "held back into the pipeline's idle slots)",
     "USE_RECOMPUTE_VARIANCE": "the recompute flags (--attn-recompute, --mlp-recompute, "
                               "--recompute-variance, --mla-rms-recompute, --mlp-rms-recompute) "
                               "work without it",

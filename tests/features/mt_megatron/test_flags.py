@@ -287,7 +287,9 @@ def test_mt_environment_switches_are_honoured_or_named_once(capsys):
     session = make_session(*PLUGINS, settings=Settings(mt_env=env))
     found = {v.name: v for v in env_switches.verdicts(session.settings, margs(), "cpu")}
     assert set(found) == {name for name, _ in env}
-    assert not found["ENABLE_ZERO_BUBBLE"].honoured and found["USE_EPX"].honoured  # 0 = off
+    assert not found["ENABLE_PROFILER"].honoured and found["USE_EPX"].honoured  # 0 = off
+    assert found["ENABLE_ZERO_BUBBLE"].honoured
+    assert "--enable-zero-bubble" in found["ENABLE_ZERO_BUBBLE"].text
     assert found["USE_RECOMPUTE_VARIANCE"].honoured and found["USE_MUSA_MOE"].honoured
     assert "--use-pytorch-profiler" in found["ENABLE_PROFILER"].text
     assert "MEGATRON_MUSA_PATCH_DEVICE=musa to insist" in found["ACCELERATOR_BACKEND"].text
@@ -295,8 +297,9 @@ def test_mt_environment_switches_are_honoured_or_named_once(capsys):
         env_switches.mmp_validate_args(args=margs(), session=session, device=session.device)
     err = capsys.readouterr().err
     assert err.count("megatron_musa_patch: warning: MT-Megatron environment switches") == 1
-    assert "ENABLE_ZERO_BUBBLE=1" in err and "ENABLE_PROFILER=1" in err
+    assert "ENABLE_PROFILER=1" in err
     assert "USE_EPX" not in err and "USE_MUSA_MOE" not in err  # honoured ones are not named
+    assert "ENABLE_ZERO_BUBBLE" not in err
     # USE_RECOMPUTE_VARIANCE=0 with the flags: MT would ignore them, here they apply
     off = env_switches.verdicts(Settings(mt_env=(("USE_RECOMPUTE_VARIANCE", "0"),)),
                                 margs(attn_recompute=True), "cpu")
@@ -412,10 +415,12 @@ def test_doctor_names_the_mt_switches_and_what_the_overlapped_shared_expert_gets
     proc = run_python("import sys; from megatron_musa_patch.cli.main import main; "
                       "sys.exit(main(['doctor']))",
                       env=subprocess_env(MEGATRON_MUSA_PATCH_DEVICE="cpu",
-                                         ENABLE_ZERO_BUBBLE="1", USE_RECOMPUTE_VARIANCE="1"))
+                                         ENABLE_PROFILER="1", ENABLE_ZERO_BUBBLE="1",
+                                         USE_RECOMPUTE_VARIANCE="1"))
     out = proc.stdout
-    assert "MT-Megatron switch   NOT honoured: ENABLE_ZERO_BUBBLE=1: asks for MT's zero-bubble" \
+    assert "MT-Megatron switch   NOT honoured: ENABLE_PROFILER=1: asks for MT's torch.profiler" \
         in out, out[-3000:] + proc.stderr[-2000:]
+    assert "MT-Megatron switch   honoured: ENABLE_ZERO_BUBBLE=1: sets --enable-zero-bubble" in out
     assert "MT-Megatron switch   honoured: USE_RECOMPUTE_VARIANCE=1" in out
     row = next(l for l in out.splitlines() if "recompute.overlapped_shared_expert_fc2" in l)
     assert "--moe-shared-expert-overlap" in row and "released and recomputed" in row
