@@ -32,6 +32,8 @@ LAYOUTS = {
                         "--disable-bias-linear"]),
     "pp2-tp2-sp": (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size",
                        "2", "--sequence-parallel"]),
+    # the buckets reduce during the last backward pass: every held W runs before it
+    "pp2-dp2-overlap": (4, ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"]),
 }
 ZB = ["--enable-zero-bubble"]
 
@@ -69,7 +71,7 @@ def test_zb_h1_trains_pp2_as_1f1b_bit_for_bit(runs):
     assert_same_steps(one_f_one_b, zero_bubble, 2)
 
 
-@pytest.mark.parametrize("layout", ["pp4", "pp2-moe-ep2", "pp2-tp2-sp"])
+@pytest.mark.parametrize("layout", ["pp4", "pp2-moe-ep2", "pp2-tp2-sp", "pp2-dp2-overlap"])
 def test_zb_h1_trains_as_1f1b_bit_for_bit(runs, layout):
     one_f_one_b, _ = runs(layout, "1f1b")
     zero_bubble, _ = runs(layout, "zb-h1")
