@@ -16,7 +16,9 @@
   share of true elements is ``density`` (the planner sets balanced routing's, k of E experts);
 * host values: an op whose tensors are all real (counts computed on the host) runs for real;
 * values: an op that asks for a fake tensor's value (``.item()``, a branch on a tensor) gets a
-  neutral one (no overflow found, a norm of 1): the step's memory and work do not depend on it.
+  neutral one (no overflow found, a norm of 1): the step's memory and work do not depend on it;
+  ``torch.equal`` of fake tensors is True (an attention mask compared with the causal pattern
+  is that pattern, as Megatron's data gives it).
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ class Tracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default:
             return _value(func, args[0])
+        if func is torch.ops.aten.equal.default and not _only_real_tensors(args):
+            return True  # see the module's doc: values
         if self.density is not None and func in _SELECTIONS:
             out = _SELECTIONS[func](self.density, *args, **kwargs)
         elif _only_real_tensors((args, kwargs)):

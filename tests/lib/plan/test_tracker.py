@@ -141,3 +141,11 @@ def test_grouped_gemms_count_their_products_forward_and_backward():
                       counter.items() for _ in range(n) if flops)
     # forward, input gradient, weight gradient: each 2 x tokens x 32 x 48
     assert products == [2 * 64 * 32 * 48] * 3
+
+
+def test_equal_of_fake_tensors_is_true_so_a_causal_mask_takes_the_causal_path():
+    # the layer's SDPA path compares the attention mask with the causal pattern (torch.equal),
+    # whose answer a fake tensor does not have
+    with FakeTensorMode(), Tracker():
+        mask = torch.empty(1, 1, 8, 8, dtype=torch.bool)
+        assert torch.equal(mask, torch.ones(8, 8, dtype=torch.bool).triu(1)) is True
