@@ -53,7 +53,7 @@ def mmp_add_arguments(parser):
     group.add_argument("--enable-zero-bubble", action="store_true",
                        help="ZB-H1 schedule: each backward pass's weight-gradient GEMMs are held "
                             "back and run in the slots 1F1B leaves idle in its cool-down "
-                            "(same peak activation memory as 1F1B). Needs pipeline parallelism "
+                            "(their inputs kept until then). Needs pipeline parallelism "
                             "without virtual stages and --gradient-accumulation-fusion. "
                             "MT-Megatron's ENABLE_ZERO_BUBBLE=1 sets it.")
     return parser
@@ -64,8 +64,12 @@ def mmp_validate_args(args, session):
     switch = _on(dict(session.settings.mt_env).get(MT_SWITCH, ""))
     if switch and not getattr(args, "enable_zero_bubble", False):
         if args.pipeline_model_parallel_size < 2:  # MT's scripts set it whatever the layout
-            print(f"megatron_musa_patch: {MT_SWITCH}=1: no pipeline parallelism here, so no "
-                  f"bubble to fill; the schedule is unchanged.", file=sys.stderr, flush=True)
+            said = session.state_for(f"{FEATURE.name}.said", set)
+            if MT_SWITCH not in said:  # once, however often the arguments are validated
+                said.add(MT_SWITCH)
+                print(f"megatron_musa_patch: {MT_SWITCH}=1: no pipeline parallelism here, so "
+                      f"no bubble to fill; the schedule is unchanged.", file=sys.stderr,
+                      flush=True)
             return
         args.enable_zero_bubble = True
     if not getattr(args, "enable_zero_bubble", False):

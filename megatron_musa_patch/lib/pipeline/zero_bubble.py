@@ -12,8 +12,10 @@ for until the step ends) and moves ``W`` into those waits:
   data-parallel buckets reduce during the last backward pass (``--overlap-grad-reduce``),
   before that pass (its ``W`` is not held).
 
-Peak activation memory is 1F1B's: the forward passes in flight are the same; a held-back ``W``
-keeps only its layer's input and output gradient. The schedule is megatron-core's own function,
+Memory: the forward passes in flight are 1F1B's; on top, each held-back ``W`` keeps its linear
+layers' inputs and output gradients until it runs (at stage ``i``, up to ``p - 1 - i``
+micro-batches' worth; the paper bounds ZB-H1's peak by 1F1B's with the ``W`` pass's smaller
+share of the activations). The schedule is megatron-core's own function,
 its communication and its grad-sync calls unchanged; ``ZeroBubbleH1`` is told of each backward
 pass and each cool-down wait (``features/pipeline/zero_bubble.py`` wraps those calls).
 """
