@@ -149,7 +149,7 @@ class Profile:
 
     def collective_in_step_s(self) -> float:
         """What a collective adds inside a step to its table's time: its backend waking after
-        compute, its peers arriving (``--calibrate`` measures it)."""
+        compute (``--calibrate`` measures it; the peers' lag is ``collective_wait_share``)."""
         return float((self.measured or {}).get("collective_in_step_s") or 0.0)
 
     def collective_wait_share(self) -> float:
