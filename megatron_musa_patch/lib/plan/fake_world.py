@@ -15,7 +15,10 @@ with why it is needed (``RECORDS``; run on torch 2.11 and 2.15 with megatron-cor
 * groups are made on the world's fake backend whatever backend Megatron asks for (gloo groups
   cannot be made on a fake store);
 * ``Module._apply`` moves fake parameters with ``.data =``: torch swaps a fake parameter's
-  tensor instead, which fails once the fake mode holds a weak reference to it.
+  tensor instead, which fails once the fake mode holds a weak reference to it;
+* ``scaled_dot_product_attention`` (the layer's flash attention) runs without dropout: the
+  planned devices' flash kernels drop in-kernel and store nothing of sequence x sequence, but
+  on the planning CPU a dropout sends SDPA to its math path, which stores the fp32 scores.
 """
 
 from __future__ import annotations
@@ -284,11 +287,24 @@ def applied(recorder: Recorder):
     put(torch.nn.Module, "_apply", _fake_apply)
     put(torch, "tensor", _tensor_of(torch.tensor))
     put(torch, "compile", _compile_for(recorder))
+    put(torch.nn.functional, "scaled_dot_product_attention",
+        _without_dropout(torch.nn.functional.scaled_dot_product_attention))
     try:
         yield recorder
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+
+
+def _without_dropout(sdpa):
+    """SDPA as a device's flash kernel stores it (see the module's doc)."""
+    def flash_like(*args, **kwargs):
+        if len(args) > 4:
+            args = (*args[:4], 0.0, *args[5:])
+        kwargs.pop("dropout_p", None)
+        return sdpa(*args, **kwargs)
+
+    return flash_like
 
 
 def groups_on_fake_backend() -> None:

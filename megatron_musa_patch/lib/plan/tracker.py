@@ -64,8 +64,27 @@ def _grouped_mm_flops(mat_a, mat_b, *args, out_val=None, **kwargs) -> int:
     return 2 * out_val.numel() * mat_a.shape[-1]
 
 
-#: formulas for ops torch's table lacks (MoE's grouped GEMMs, ``--moe-grouped-gemm``)
-EXTRA_FLOPS = {"_grouped_mm": _grouped_mm_flops}
+def _cpu_flash_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    """The scores' and the output's products of every query head (key heads shared under GQA),
+    as torch's formula for the device kernels counts them (the whole square, causal or not)."""
+    b, h, sq, d = query.shape
+    return 2 * b * h * sq * key.shape[-2] * (d + value.shape[-1])
+
+
+def _cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_val=None,
+                                        **kwargs) -> int:
+    """The scores recomputed, then the gradients of the probabilities, values, queries, keys."""
+    b, h, sq, d = query.shape
+    return 2 * b * h * sq * key.shape[-2] * (3 * d + 2 * value.shape[-1])
+
+
+#: formulas for ops torch's table lacks in some supported releases: MoE's grouped GEMMs
+#: (``--moe-grouped-gemm``); the CPU's flash attention, which the planned step runs for a
+#: device's (torch 2.11 has no formula for it)
+EXTRA_FLOPS = {"_grouped_mm": _grouped_mm_flops,
+               "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_attention_flops,
+               "_scaled_dot_product_flash_attention_for_cpu_backward":
+                   _cpu_flash_attention_backward_flops}
 
 
 def _flop_table():

@@ -149,3 +149,39 @@ def test_equal_of_fake_tensors_is_true_so_a_causal_mask_takes_the_causal_path():
     with FakeTensorMode(), Tracker():
         mask = torch.empty(1, 1, 8, 8, dtype=torch.bool)
         assert torch.equal(mask, torch.ones(8, 8, dtype=torch.bool).triu(1)) is True
+
+
+def test_the_planned_flash_attention_stores_no_scores_even_with_dropout():
+    # the planning CPU has no flash kernel with dropout: SDPA's math path would store the fp32
+    # sequence x sequence scores that a device's flash kernel never makes
+    from megatron_musa_patch.lib.plan import fake_world
+
+    def peak():
+        tracker = Tracker()
+        with FakeTensorMode():
+            q = torch.empty(1, 4, 1024, 64, dtype=torch.bfloat16, requires_grad=True)
+            with tracker:
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, None, 0.1,
+                                                                 is_causal=True)
+        return tracker.peak
+
+    scores = 4 * 1024 * 1024 * 4
+    assert peak() >= scores  # torch's own choice on the CPU
+    with fake_world.applied(fake_world.Recorder()):
+        assert peak() < scores // 8
+
+
+def test_the_planned_flash_attention_counts_its_products_on_every_torch():
+    # torch 2.11's FLOP table has no formula for the CPU's flash kernel (2.15 has one): priced by
+    # its bytes alone, the attention of a long sequence would cost next to nothing
+    tracker = Tracker()
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 1024, 64, dtype=torch.bfloat16, requires_grad=True)
+        kv = torch.empty(1, 2, 1024, 64, dtype=torch.bfloat16, requires_grad=True)
+        with tracker:
+            torch.nn.functional.scaled_dot_product_attention(
+                q, kv, kv, is_causal=True, enable_gqa=True).sum().backward()
+    products = sorted(flops for counter in tracker.work.values() for (flops, *_), n in
+                      counter.items() for _ in range(n) if flops > 10 ** 6)
+    square = 2 * 4 * 1024 * 1024
+    assert products == [square * 128, square * 320]  # forward; backward (scores recomputed)
