@@ -3,9 +3,10 @@ schedule on megatron-core's own 1F1B (``lib/pipeline/zero_bubble.py``).
 
 The records wrap what megatron-core's non-interleaved schedule calls: the schedule itself (one
 ZB-H1 decision object per training call, from the model's TransformerConfig), ``backward_step``
-(the ``W`` of a backward pass held back), the point-to-point ``recv_backward`` (the cool-down's
-wait, where a held ``W`` runs), ``finish_embedding_wgrad_compute`` (every held ``W`` before the
-gradients are reduced) and the linear layers' backward (``B`` without ``W``).
+(the ``W`` of a backward pass held back), the point-to-point calls that send an input gradient
+(then the older held ``W`` runs) and ``recv_backward`` (the cool-down's wait, where a held ``W``
+runs), ``finish_embedding_wgrad_compute`` (every held ``W`` before the gradients are reduced)
+and the linear layers' backward (``B`` without ``W``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def mmp_register_patches(session, registry):
         "--enable-zero-bubble: a backward pass's weight gradients held back for a later slot")
     add("cooldown_wait", P2P + "recv_backward", _before_gradient_wait,
         "--enable-zero-bubble: a held weight gradient runs where 1F1B waits in its cool-down")
+    for call in ("send_backward", "send_backward_recv_forward"):
+        add(f"after_{call}", P2P + call, _after_gradient_sent,
+            "--enable-zero-bubble: the older held weight gradient runs once the input "
+            "gradient is sent")
     add("before_reduce", SCHEDULES + "finish_embedding_wgrad_compute", _before_reduce,
         "--enable-zero-bubble: every held weight gradient before the gradients are reduced")
     add("linear_backward", LINEAR + "backward", _linear_backward,
@@ -147,6 +152,13 @@ def _before_gradient_wait(run: PipelineRun, wrapped, instance, args, kwargs):
     if run.zero_bubble is not None:
         run.zero_bubble.before_gradient_wait()
     return wrapped(*args, **kwargs)
+
+
+def _after_gradient_sent(run: PipelineRun, wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    if run.zero_bubble is not None:
+        run.zero_bubble.after_gradient_sent()
+    return result
 
 
 def _before_reduce(run: PipelineRun, wrapped, instance, args, kwargs):

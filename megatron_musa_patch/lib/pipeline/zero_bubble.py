@@ -1,28 +1,35 @@
 """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024) on megatron-core's own 1F1B.
 
-1F1B's stage ``i`` of ``p`` idles in its cool-down: after each backward pass it waits for the
-next output gradient from stage ``i + 1``. ZB-H1 splits each backward pass into ``B`` (the input
-gradient, which the stage before waits for) and ``W`` (the weight gradient, which nothing waits
-for until the step ends) and moves ``W`` into those waits:
+1F1B sends a backward pass's input gradient to the previous stage only after the pass has also
+computed its weight gradients, and each stage of the cool-down waits for the next gradient with
+nothing to do. ZB-H1 splits the backward pass into ``B`` (the input gradient, which the previous
+stage waits for) and ``W`` (the weight gradient, which nothing waits for until the step ends):
 
-* in the steady state stage ``i`` holds back the ``W`` of up to ``p - 1 - i`` micro-batches
-  (the last stage none), so the ``B`` the previous stage waits for leaves sooner;
-* in the cool-down, before each wait for an output gradient, it runs the oldest held-back ``W``;
+* each stage holds back its last backward pass's ``W`` (``HELD``): after each ``B`` the input
+  gradient is sent first, and only then does the ``W`` of the pass before run, so gradients
+  travel up the pipeline at ``B``'s pace;
+* in the cool-down, before each wait for an output gradient, the held ``W`` runs: the slot 1F1B
+  leaves idle;
 * what is still held runs before the gradients are reduced (``finish``), or, when the
   data-parallel buckets reduce during the last backward pass (``--overlap-grad-reduce``),
   before that pass (its ``W`` is not held).
 
-Memory: the forward passes in flight are 1F1B's; on top, each held-back ``W`` keeps its linear
-layers' inputs and output gradients until it runs (at stage ``i``, up to ``p - 1 - i``
-micro-batches' worth; the paper bounds ZB-H1's peak by 1F1B's with the ``W`` pass's smaller
-share of the activations). The schedule is megatron-core's own function,
-its communication and its grad-sync calls unchanged; ``ZeroBubbleH1`` is told of each backward
-pass and each cool-down wait (``features/pipeline/zero_bubble.py`` wraps those calls).
+The placement is this schedule's, within megatron-core's own calls (its 1F1B order and its
+combined send-receive calls, unchanged), so it removes less of 1F1B's idle time than the paper's
+handcrafted ZB-H1 (two thirds of it with equal F, B and W); the planner simulates it
+(``lib/plan/schedule.py``) and docs/features/pipeline.md says how much. Memory: the forward passes in flight are 1F1B's; each held ``W`` keeps its linear
+layers' inputs and output gradients for one more backward pass. ``ZeroBubbleH1`` is told of
+each backward pass, each gradient sent and each cool-down wait
+(``features/pipeline/zero_bubble.py`` wraps those calls).
 """
 
 from __future__ import annotations
 
 from .weight_gradients import WeightGradients
+
+
+#: backward passes whose ``W`` a stage holds back: the last one, until its gradient is sent
+HELD = 1
 
 
 class ZeroBubbleH1:
@@ -31,26 +38,26 @@ class ZeroBubbleH1:
     def __init__(self, store: WeightGradients, stage: int, stages: int, microbatches: int,
                  reduce_in_last_backward: bool):
         self.store = store
-        self.held = max(min(stages - 1 - stage, microbatches), 0)
+        self.stage, self.stages = stage, stages
+        self.held = min(HELD, microbatches)
         self.microbatches = microbatches
         self.reduce_in_last_backward = reduce_in_last_backward
         self.backwards = 0
 
     def backward(self, run_backward):
-        """One backward pass (``run_backward()``), its ``W`` held back where the schedule has a
-        slot for it later."""
+        """One backward pass (``run_backward()``), its ``W`` held back."""
         microbatch = self.backwards
         self.backwards += 1
         if microbatch == self.microbatches - 1 and self.reduce_in_last_backward:
             self.store.flush()  # the buckets reduce as this pass finishes them: all W first
             return run_backward()
-        if not self.held:
-            return run_backward()
         with self.store.deferring(microbatch):
-            out = run_backward()
+            return run_backward()
+
+    def after_gradient_sent(self) -> None:
+        """The input gradient of the last ``B`` is on its way: the older ``W`` runs now."""
         while len(self.store.pending) > self.held:
             self.store.run_oldest()
-        return out
 
     def before_gradient_wait(self) -> None:
         """The cool-down's wait for the next output gradient: the slot 1F1B leaves idle."""
@@ -65,14 +72,13 @@ def theoretical_bubble(stages: int, microbatches: int, forward: float = 1.0,
                        backward_input: float = 1.0, backward_weight: float = 1.0,
                        schedule: str = "1f1b") -> float:
     """A stage's idle share of the step with uniform stages (the paper's bubble formulas):
-    1F1B idles ``(p-1)(F+B+W)``, ZB-H1 ``(p-1)(F+B-2W)`` (not below 0), out of that plus
-    ``m(F+B+W)``."""
+    1F1B idles ``(p-1)(F+B+W)``, ZB-H1 ``(p-1)(F+B-W)``, out of that plus ``m(F+B+W)``."""
     p, m = stages, microbatches
     work = m * (forward + backward_input + backward_weight)
     if schedule == "1f1b":
         bubble = (p - 1) * (forward + backward_input + backward_weight)
     elif schedule == "zb-h1":
-        bubble = max((p - 1) * (forward + backward_input - 2 * backward_weight), 0.0)
+        bubble = max((p - 1) * (forward + backward_input - backward_weight), 0.0)
     else:
         raise ValueError(f"unknown schedule {schedule!r}: 1f1b or zb-h1")
     return bubble / (work + bubble) if work + bubble else 0.0

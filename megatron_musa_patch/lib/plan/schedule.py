@@ -2,21 +2,26 @@
 backward, given how long they take, and what that leaves idle.
 
 ``order`` lists a stage's operations in the order Megatron's schedule runs them (1F1B; the
-interleaved schedule with micro-batches grouped by the pipeline size); ``simulate`` starts each
-operation as soon as its stage is free and its input has arrived (the previous virtual stage's
-forward, the next one's backward, plus the transfer) and returns each stage's finish and busy
-time. The bubble of a stage is its idle share of the longest stage's time.
+interleaved schedule with micro-batches grouped by the pipeline size; ZB-H1, whose held-back
+weight gradients ``W`` are placed by the schedule's own decision code,
+``lib/pipeline/zero_bubble.py``); ``simulate`` starts each operation as soon as its stage is free
+and its input has arrived (the previous virtual stage's forward, the next one's backward, plus
+the transfer; a ``W`` needs only its own backward) and returns each stage's finish and busy time.
+The bubble of a stage is its idle share of the longest stage's time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-Op = Tuple[str, int, int]  # ("F" | "B", micro-batch, model chunk)
+Op = Tuple[str, int, int]  # ("F" | "B" | "W", micro-batch, model chunk)
 
 
-def order(stage: int, stages: int, microbatches: int, chunks: int = 1) -> List[Op]:
+def order(stage: int, stages: int, microbatches: int, chunks: int = 1,
+          zero_bubble: bool = False) -> List[Op]:
+    if zero_bubble:
+        return zero_bubble_order(stage, stages, microbatches)
     if chunks == 1:
         warmup = min(stages - stage - 1, microbatches)
         forwards = [("F", k, 0) for k in range(microbatches)]
@@ -37,6 +42,37 @@ def order(stage: int, stages: int, microbatches: int, chunks: int = 1) -> List[O
     return ops
 
 
+def zero_bubble_order(stage: int, stages: int, microbatches: int) -> List[Op]:
+    """ZB-H1's order for one stage: 1F1B's calls told to the schedule's own ``ZeroBubbleH1``,
+    each ``W`` where it runs it (after its ``B`` when not held back)."""
+    from megatron_musa_patch.lib.pipeline.weight_gradients import WeightGradients
+    from megatron_musa_patch.lib.pipeline.zero_bubble import ZeroBubbleH1
+
+    store = WeightGradients()
+    decisions = ZeroBubbleH1(store, stage, stages, microbatches, reduce_in_last_backward=False)
+    ops: List[Op] = []
+    backwards = iter(range(microbatches))
+
+    def backward():
+        mb = next(backwards)
+        ops.append(("B", mb, 0))
+        if store.collecting:
+            store.defer(lambda mb=mb: ops.append(("W", mb, 0)))
+        else:
+            ops.append(("W", mb, 0))
+
+    for kind, mb, _ in order(stage, stages, microbatches):
+        if kind == "F":
+            ops.append(("F", mb, 0))
+            continue
+        if mb >= microbatches - min(stages - stage - 1, microbatches):
+            decisions.before_gradient_wait()  # the cool-down waits for each gradient
+        decisions.backward(backward)
+        decisions.after_gradient_sent()  # B's gradient leaves when B ends (simulate's rule)
+    decisions.finish()
+    return ops
+
+
 def _microbatch(k: int, stages: int, chunks: int) -> int:
     group = stages * chunks
     return (k // group) * stages + k % stages
@@ -54,10 +90,16 @@ class Timeline:
 
 
 def simulate(forward_s: Sequence[float], backward_s: Sequence[float], microbatches: int,
-             chunks: int = 1, transfer_s: float = 0.0) -> Timeline:
-    """``forward_s[s]`` / ``backward_s[s]``: one micro-batch through one model chunk of stage s."""
+             chunks: int = 1, transfer_s: float = 0.0,
+             weight_s: Optional[Sequence[float]] = None, zero_bubble: bool = False) -> Timeline:
+    """``forward_s[s]`` / ``backward_s[s]``: one micro-batch through one model chunk of stage s;
+    ``weight_s[s]``: its weight gradients, inside the backward pass unless ``zero_bubble``
+    (ZB-H1) holds them back."""
     stages = len(forward_s)
-    plans = [order(s, stages, microbatches, chunks) for s in range(stages)]
+    weight_s = list(weight_s) if weight_s is not None else [0.0] * stages
+    if not zero_bubble:
+        backward_s = [b + w for b, w in zip(backward_s, weight_s)]
+    plans = [order(s, stages, microbatches, chunks, zero_bubble) for s in range(stages)]
     done: Dict[Tuple[str, int, int, int], float] = {}  # (kind, micro-batch, virtual stage)
     free = [0.0] * stages
     busy = [0.0] * stages
@@ -73,6 +115,8 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], microbatch
                 virtual = chunk * stages + s
                 if kind == "F":
                     dep = ("F", mb, virtual - 1) if virtual > 0 else None
+                elif kind == "W":
+                    dep = ("B", mb, virtual)
                 else:
                     dep = ("B", mb, virtual + 1) if virtual < last else ("F", mb, virtual)
                 if dep is not None and dep not in done:
@@ -80,7 +124,7 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], microbatch
                 ready = 0.0 if dep is None else done[dep] + (
                     transfer_s if dep[2] != virtual else 0.0)
                 start = max(free[s], ready)
-                length = forward_s[s] if kind == "F" else backward_s[s]
+                length = {"F": forward_s, "B": backward_s, "W": weight_s}[kind][s]
                 free[s] = start + length
                 busy[s] += length
                 done[(kind, mb, virtual)] = free[s]

@@ -116,12 +116,15 @@ def test_the_timeline_shows_w_in_the_slots_1f1b_leaves_idle(runs, tmp_path):
             backwards = [op["microbatch"] for op in ops if op["kind"] == "B"]
             weights = [op["microbatch"] for op in ops if op["kind"] == "W"]
             assert backwards == list(range(8))
-            # stage s holds back up to 3 - s micro-batches' W; the last stage none
-            assert weights == (list(range(8)) if rank < 3 else [])
-            if rank < 3:  # in the cool-down a held W runs before each wait for a gradient
-                waits = [i for i, op in enumerate(ops) if op["kind"] == "recv_backward"]
-                assert len(waits) == 3 - rank
-                assert all(ops[i - 1]["kind"] == "W" for i in waits)
+            # every stage holds back each pass's W until the next pass's gradient is sent
+            assert weights == list(range(8))
+            # each B's input gradient is sent before any held W runs
+            after_b = [ops[i + 1]["kind"] for i, op in enumerate(ops) if op["kind"] == "B"]
+            assert all(kind.startswith("send_backward") for kind in after_b), after_b
+            # in the cool-down a held W runs before each wait for a gradient
+            waits = [i for i, op in enumerate(ops) if op["kind"] == "recv_backward"]
+            assert len(waits) == 3 - rank
+            assert all(ops[i - 1]["kind"] == "W" for i in waits)
     for steps in plain.values():
         assert all(s["schedule"] == "1f1b" and not [o for o in s["ops"] if o["kind"] == "W"]
                    for s in steps)

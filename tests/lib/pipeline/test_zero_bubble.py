@@ -30,32 +30,34 @@ def _one_f_one_b(stage, stages, microbatches, schedule, log):
     for i in range(microbatches - warmup):
         log.append(("F", warmup + i))
         schedule.backward(backward)
+        log.append(("sent", -1))
+        schedule.after_gradient_sent()
     for _ in range(warmup):
         schedule.before_gradient_wait()
         log.append(("wait", -1))
         schedule.backward(backward)
+        log.append(("sent", -1))
+        schedule.after_gradient_sent()
     schedule.finish()
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_each_stage_holds_back_what_its_cooldown_can_fill_and_loses_none(stage):
+def test_each_stage_sends_its_gradient_before_the_held_w_and_loses_none(stage):
     log = []
     schedule = ZeroBubbleH1(WeightGradients(), stage, 4, 8, reduce_in_last_backward=False)
     _one_f_one_b(stage, 4, 8, schedule, log)
     weights = [mb for kind, mb in log if kind == "W"]
     assert weights == list(range(8))  # every W, oldest first (1F1B's order of accumulation)
-    for mb in range(8):  # each after its own B
-        assert log.index(("W", mb)) > log.index(("B", mb))
-    held = 3 - stage
-    # at most `held` W wait beyond the backward pass just run (the last stage: none, its W
-    # runs inside B as in 1F1B)
+    for mb in range(8):  # each after its own B, and after that B's gradient was sent
+        after = log.index(("B", mb))
+        assert log[after + 1] == ("sent", -1) and log.index(("W", mb)) > after + 1
+    # at most the last pass's W waits beyond the pass just run
     most_behind = max(sum(1 for kind, m in log[:i] if kind == "B")
                       - sum(1 for kind, m in log[:i] if kind == "W") for i in range(len(log)))
-    assert most_behind == held + 1
+    assert most_behind == 2
     # in the cool-down each wait for a gradient comes after a held W ran in its slot
-    for i, (kind, _) in enumerate(log):
-        if kind == "wait" and held:
-            assert log[i - 1][0] == "W"
+    waits = [i for i, (kind, _) in enumerate(log) if kind == "wait"]
+    assert len(waits) == 3 - stage and all(log[i - 1][0] == "W" for i in waits)
 
 
 def test_with_buckets_reduced_in_the_last_backward_every_w_runs_before_it():
@@ -70,10 +72,10 @@ def test_with_buckets_reduced_in_the_last_backward_every_w_runs_before_it():
 def test_theoretical_bubbles_are_the_papers():
     # 1F1B at PP 8 with 16 micro-batches idles (p-1)/(m+p-1) of each stage
     assert theoretical_bubble(8, 16) == pytest.approx(7 / 23)
-    # ZB-H1 with F = B = W: (p-1)(F+B-2W) = 0
-    assert theoretical_bubble(8, 16, schedule="zb-h1") == 0.0
-    # F = 2, B = 2, W = 1: 7 * 2 out of 16 * 5 + 14
-    assert theoretical_bubble(8, 16, 2, 2, 1, "zb-h1") == pytest.approx(14 / 94)
+    # ZB-H1 with F = B = W: (p-1)(F+B-W), a third of 1F1B's idle time
+    assert theoretical_bubble(8, 16, schedule="zb-h1") == pytest.approx(7 / (48 + 7))
+    # F = 2, B = 2, W = 1: 7 * 3 out of 16 * 5 + 21
+    assert theoretical_bubble(8, 16, 2, 2, 1, "zb-h1") == pytest.approx(21 / 101)
     with pytest.raises(ValueError, match="1f1b or zb-h1"):
         theoretical_bubble(8, 16, schedule="dualpipe")
 

@@ -46,3 +46,23 @@ def test_a_slow_stage_sets_the_pace():
     # the slow stage is busy for 8 x 6 and idles only while the first micro-batch arrives
     assert t.makespan == pytest.approx(8 * 6.0 + 1.0 + 2.0)
     assert t.bubble(1) < t.bubble(0)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(4, 8), (8, 16), (4, 2)])
+def test_zb_h1_as_it_runs_shortens_the_step_within_the_papers_bound(stages, microbatches):
+    from megatron_musa_patch.lib.pipeline.zero_bubble import theoretical_bubble
+
+    ones = [1.0] * stages
+    plain = schedule.simulate(ones, ones, microbatches, weight_s=ones)
+    zb = schedule.simulate(ones, ones, microbatches, weight_s=ones, zero_bubble=True)
+    assert plain.makespan == 3 * microbatches + 3 * (stages - 1)  # B and W together: 1F1B
+    # the gradients travel at B's pace and the cool-down's waits run W: p of 1F1B's 3(p-1) idle
+    # units go; the paper's handcrafted ZB-H1 leaves only (p-1)
+    assert zb.makespan == 3 * microbatches + 2 * (stages - 1) - 1
+    for s in range(stages):
+        ops = [(kind, mb) for kind, mb, _, _, _ in zb.events[s]]
+        assert sorted(ops) == sorted((k, m) for k in "FBW" for m in range(microbatches))
+        end = {(kind, mb): stop for kind, mb, _, _, stop in zb.events[s]}
+        start = {(kind, mb): begin for kind, mb, _, begin, _ in zb.events[s]}
+        assert all(start[("W", m)] >= end[("B", m)] for m in range(microbatches))
+        assert zb.bubble(s) >= theoretical_bubble(stages, microbatches, schedule="zb-h1") - 1e-9
