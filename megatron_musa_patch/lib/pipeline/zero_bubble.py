@@ -17,8 +17,9 @@ stage waits for) and ``W`` (the weight gradient, which nothing waits for until t
 The placement is this schedule's, within megatron-core's own calls (its 1F1B order and its
 combined send-receive calls, unchanged), so it removes less of 1F1B's idle time than the paper's
 handcrafted ZB-H1 (two thirds of it with equal F, B and W); the planner simulates it
-(``lib/plan/schedule.py``) and docs/features/pipeline.md says how much. Memory: the forward passes in flight are 1F1B's; each held ``W`` keeps its linear
-layers' inputs and output gradients for one more backward pass. ``ZeroBubbleH1`` is told of
+(``lib/plan/schedule.py``) and docs/features/pipeline.md says how much. Memory: the forward
+passes in flight are 1F1B's; each held ``W`` keeps its linear layers' inputs and output
+gradients for one more backward pass. ``ZeroBubbleH1`` is told of
 each backward pass, each gradient sent and each cool-down wait
 (``features/pipeline/zero_bubble.py`` wraps those calls).
 """
