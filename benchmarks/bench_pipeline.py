@@ -1,6 +1,7 @@
 """ZB-H1 against megatron-core's 1F1B on the stock pretrain_gpt.py, side by side: each stage's
-idle share measured from ``--pipeline-timeline`` against the schedule's theoretical bubble, and
-the step time. Runs alternate between the schedules so machine drift hits both.
+idle share measured from ``--pipeline-timeline``, against the planner's simulation of the
+schedule on the stages' own measured F, B and W and against the paper's formula, and the step
+time. Runs alternate between the schedules so machine drift hits both.
 
 On CPU ranks that share a machine's cores, a rank that idles lends its core to another, so the
 idle shares and the step times say how the schedule orders its work, not what it gains on a
@@ -51,7 +52,22 @@ def one_run(lm, pp, microbatches, iters, schedule):
     for stage in range(pp):
         idle = [steps[i][stage]["idle_fraction"] for i in warm]
         theory = [steps[i][stage]["theoretical_bubble"] for i in warm]
-        by_stage[stage] = {"idle": statistics.median(idle), "theory": statistics.median(theory)}
+        spans = {kind: [op["end_s"] - op["start_s"] for i in warm
+                        for op in steps[i][stage]["ops"] if op["kind"] == kind]
+                 for kind in "FBW"}
+        by_stage[stage] = {"idle": statistics.median(idle), "theory": statistics.median(theory),
+                           **{kind: statistics.median(v) if v else 0.0
+                              for kind, v in spans.items()}}
+    # the planner's simulation of the schedule (lib/plan/schedule.py) on the stages' own
+    # measured passes
+    from megatron_musa_patch.lib.plan import schedule as planned
+
+    timeline = planned.simulate([by_stage[s]["F"] for s in range(pp)],
+                                [by_stage[s]["B"] for s in range(pp)], microbatches,
+                                weight_s=[by_stage[s]["W"] for s in range(pp)],
+                                zero_bubble=schedule == "zb-h1")
+    for s in range(pp):
+        by_stage[s]["simulated"] = timeline.bubble(s)
     step_ms = statistics.median(times[i] for i in sorted(times)[2:])
     return {"step_ms": step_ms, "stages": by_stage}
 
@@ -82,12 +98,16 @@ def main():
             "idle_by_stage": [statistics.median(r["stages"][s]["idle"] for r in runs)
                               for s in range(opts.pp)],
             "theory_by_stage": [statistics.median(r["stages"][s]["theory"] for r in runs)
-                                for s in range(opts.pp)]}
-    print("| schedule | step (median) | idle share by stage, measured | theoretical bubble |")
-    print("|---|---|---|---|")
+                                for s in range(opts.pp)],
+            "simulated_by_stage": [statistics.median(r["stages"][s]["simulated"] for r in runs)
+                                   for s in range(opts.pp)]}
+    print("| schedule | step (median) | idle share by stage, measured | planner's simulation | "
+          "paper's formula |")
+    print("|---|---|---|---|---|")
     for schedule, row in summary.items():
         print(f"| {schedule} | {row['step_ms']:.0f} ms | "
               f"{' '.join(f'{x:.3f}' for x in row['idle_by_stage'])} | "
+              f"{' '.join(f'{x:.3f}' for x in row['simulated_by_stage'])} | "
               f"{' '.join(f'{x:.3f}' for x in row['theory_by_stage'])} |")
     ratio = summary["zb-h1"]["step_ms"] / summary["1f1b"]["step_ms"]
     print(f"ZB-H1 step / 1F1B step: {ratio:.3f}")
