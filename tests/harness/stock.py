@@ -66,6 +66,8 @@ def run_stock(lm_path, args, *, nproc=2, route="mmp", iters=4, env=None, cwd=Non
     # the default, brief log has its own tests (tests/features/logs/test_brief_log.py)
     run_env.update({"OMP_NUM_THREADS": "1", "MEGATRON_LM_PATH": str(lm_path),
                     "MEGATRON_MUSA_PATCH_LOG": "full", **(env or {})})
+    if env and "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):  # keep the caller's too
+        run_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.environ["PYTHONPATH"]])
     if route == "pth":
         run_env["MEGATRON_MUSA_PATCH"] = "1"
     proc = subprocess.Popen(command(route, lm_path, nproc, full), env=run_env, cwd=cwd,
