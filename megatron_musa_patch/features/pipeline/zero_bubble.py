@@ -119,7 +119,6 @@ def _on(value: str) -> bool:
 
 
 def _schedule(run: PipelineRun, wrapped, instance, args, kwargs):
-    from megatron.core import parallel_state
     from megatron.core.utils import get_model_config
 
     model = kwargs["model"]  # the schedules take keyword arguments only
@@ -129,9 +128,7 @@ def _schedule(run: PipelineRun, wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     ddp_config = getattr(chunk, "ddp_config", None)
     run.zero_bubble = ZeroBubbleH1(
-        run.store, stage=parallel_state.get_pipeline_model_parallel_rank(),
-        stages=parallel_state.get_pipeline_model_parallel_world_size(),
-        microbatches=kwargs["num_microbatches"],
+        run.store, microbatches=kwargs["num_microbatches"],
         reduce_in_last_backward=bool(getattr(ddp_config, "overlap_grad_reduce", False)))
     try:
         result = wrapped(*args, **kwargs)

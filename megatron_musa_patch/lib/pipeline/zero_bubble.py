@@ -34,12 +34,10 @@ HELD = 1
 
 
 class ZeroBubbleH1:
-    """One schedule call's ZB-H1 decisions for stage ``stage`` of ``stages``."""
+    """One schedule call's ZB-H1 decisions (the same on every stage)."""
 
-    def __init__(self, store: WeightGradients, stage: int, stages: int, microbatches: int,
-                 reduce_in_last_backward: bool):
+    def __init__(self, store: WeightGradients, microbatches: int, reduce_in_last_backward: bool):
         self.store = store
-        self.stage, self.stages = stage, stages
         self.held = min(HELD, microbatches)
         self.microbatches = microbatches
         self.reduce_in_last_backward = reduce_in_last_backward

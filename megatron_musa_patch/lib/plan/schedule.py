@@ -49,7 +49,7 @@ def zero_bubble_order(stage: int, stages: int, microbatches: int) -> List[Op]:
     from megatron_musa_patch.lib.pipeline.zero_bubble import ZeroBubbleH1
 
     store = WeightGradients()
-    decisions = ZeroBubbleH1(store, stage, stages, microbatches, reduce_in_last_backward=False)
+    decisions = ZeroBubbleH1(store, microbatches, reduce_in_last_backward=False)
     ops: List[Op] = []
     backwards = iter(range(microbatches))
 

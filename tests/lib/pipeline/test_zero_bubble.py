@@ -44,7 +44,7 @@ def _one_f_one_b(stage, stages, microbatches, schedule, log):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_each_stage_sends_its_gradient_before_the_held_w_and_loses_none(stage):
     log = []
-    schedule = ZeroBubbleH1(WeightGradients(), stage, 4, 8, reduce_in_last_backward=False)
+    schedule = ZeroBubbleH1(WeightGradients(), 8, reduce_in_last_backward=False)
     _one_f_one_b(stage, 4, 8, schedule, log)
     weights = [mb for kind, mb in log if kind == "W"]
     assert weights == list(range(8))  # every W, oldest first (1F1B's order of accumulation)
@@ -62,7 +62,7 @@ def test_each_stage_sends_its_gradient_before_the_held_w_and_loses_none(stage):
 
 def test_with_buckets_reduced_in_the_last_backward_every_w_runs_before_it():
     log = []
-    schedule = ZeroBubbleH1(WeightGradients(), 0, 4, 8, reduce_in_last_backward=True)
+    schedule = ZeroBubbleH1(WeightGradients(), 8, reduce_in_last_backward=True)
     _one_f_one_b(0, 4, 8, schedule, log)
     last_b = log.index(("B", 7))
     assert all(log.index(("W", mb)) < last_b for mb in range(7))
