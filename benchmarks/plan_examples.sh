@@ -3,9 +3,11 @@
 # planned on 64 and 256 ranks (8 per node), priced on the MTT S5000 and the H200, with the levers
 # the planner proposes. Needs a Megatron-LM checkout: MEGATRON_LM_PATH=... bash benchmarks/plan_examples.sh
 # Writes benchmarks/results/plan_examples_<date>.txt: each plan as mmp plan prints it.
+# PLAN_ONLY=DeepSeek plans only the examples whose name holds that text (into ..._<date>_DeepSeek.txt).
 set -euo pipefail
 lm=${MEGATRON_LM_PATH:?set MEGATRON_LM_PATH to a Megatron-LM checkout}
-out=benchmarks/results/plan_examples_$(date +%F)
+only=${PLAN_ONLY:-}
+out=benchmarks/results/plan_examples_$(date +%F)${only:+_$only}
 common=(--transformer-impl local --seq-length 4096 --max-position-embeddings 4096
   --micro-batch-size 1 --lr 1e-4 --train-iters 1000 --tokenizer-type NullTokenizer --bf16
   --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
@@ -27,6 +29,7 @@ moe=(--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-
 : > "$out.txt"
 plan() {  # name nodes extra-args...
   local name=$1 nodes=$2 begin=$SECONDS; shift 2
+  [[ $name == *"$only"* ]] || return 0
   echo "== $name on $((nodes * 8)) ranks" | tee -a "$out.txt"
   mmp plan --device s5000,h200 --nodes "$nodes" --nproc-per-node 8 \
     "$lm/pretrain_gpt.py" "${common[@]}" "$@" 2>/dev/null | tee -a "$out.txt"
