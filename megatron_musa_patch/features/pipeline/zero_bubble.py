@@ -135,7 +135,7 @@ def _schedule(run: PipelineRun, wrapped, instance, args, kwargs):
         run.zero_bubble.finish()  # when no finalize_model_grads_func asked for it earlier
         return result
     finally:
-        run.store.pending.clear()
+        run.store.clear()
         run.zero_bubble = None
 
 

@@ -25,6 +25,7 @@ class Span:
     microbatch: int  # -1 where the call is not one micro-batch's
     start: float
     end: float
+    chunk: int = 0  # the model chunk (virtual stage) of F, B and W
 
 
 class Timeline:
@@ -35,13 +36,13 @@ class Timeline:
         self.end = self.start
 
     @contextlib.contextmanager
-    def span(self, kind: str, microbatch: int = -1):
+    def span(self, kind: str, microbatch: int = -1, chunk: int = 0):
         begin = self.clock()
         try:
             yield
         finally:
             self.end = self.clock()
-            self.spans.append(Span(kind, microbatch, begin, self.end))
+            self.spans.append(Span(kind, microbatch, begin, self.end, chunk))
 
     def close(self) -> None:
         self.end = self.clock()
@@ -56,21 +57,21 @@ class Timeline:
     def as_dict(self) -> dict:
         """Times in seconds from the call's start."""
         return {"wall_s": self.end - self.start, "idle_fraction": self.idle_fraction(),
-                "ops": [{"kind": s.kind, "microbatch": s.microbatch,
+                "ops": [{"kind": s.kind, "microbatch": s.microbatch, "chunk": s.chunk,
                          "start_s": s.start - self.start, "end_s": s.end - self.start}
                         for s in self.spans]}
 
 
 def misplaced_weight_gradients(ops: List[dict]) -> List[str]:
-    """A recorded timeline's ``W`` that ran before its micro-batch's ``B`` had ended (a lost
-    ``W`` shows in the gradients instead)."""
+    """A recorded timeline's ``W`` that ran before its micro-batch's ``B`` (in its model chunk)
+    had ended (a lost ``W`` shows in the gradients instead)."""
     problems = []
     backward_end = {}
     for op in ops:
+        key = (op.get("chunk", 0), op["microbatch"])
         if op["kind"] == "B":
-            backward_end[op["microbatch"]] = op["end_s"]
+            backward_end[key] = op["end_s"]
         elif op["kind"] == "W":
-            mb = op["microbatch"]
-            if mb not in backward_end or op["start_s"] < backward_end[mb]:
-                problems.append(f"W of micro-batch {mb} ran before its B")
+            if key not in backward_end or op["start_s"] < backward_end[key]:
+                problems.append(f"W of micro-batch {key[1]} (chunk {key[0]}) ran before its B")
     return problems

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-from typing import Callable, Deque, List, Optional, Tuple
+from typing import Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
@@ -31,6 +31,8 @@ class WeightGradients:
     def __init__(self):
         #: (micro-batch, its W products) per held-back backward pass
         self.pending: Deque[Tuple[int, List[Callable[[], None]]]] = collections.deque()
+        #: groups a schedule runs by name (the V schedules: ``(stage, micro-batch)``)
+        self.named: Dict[Hashable, Tuple[int, List[Callable[[], None]]]] = {}
         self._group: Optional[List[Callable[[], None]]] = None
         #: called around each group that runs (the timeline's span), or None
         self.around: Optional[Callable] = None
@@ -40,14 +42,17 @@ class WeightGradients:
         return self._group is not None
 
     @contextlib.contextmanager
-    def deferring(self, microbatch: int = -1):
-        """One backward pass whose ``W`` is held back as one group."""
+    def deferring(self, microbatch: int = -1, name: Optional[Hashable] = None):
+        """One backward pass whose ``W`` is held back as one group: oldest first, or, given a
+        ``name``, until ``run(name)``."""
         self._group = []
         try:
             yield
         finally:
             group, self._group = self._group, None
-            if group:
+            if group and name is not None:
+                self.named[name] = (microbatch, group)
+            elif group:
                 self.pending.append((microbatch, group))
 
     def defer(self, weight_gradient: Callable[[], None]) -> None:
@@ -57,16 +62,33 @@ class WeightGradients:
         """Run the oldest held-back group; False when none is held."""
         if not self.pending:
             return False
-        microbatch, group = self.pending.popleft()
-        span = self.around("W", microbatch) if self.around else contextlib.nullcontext()
-        with span:
-            for weight_gradient in group:
-                weight_gradient()
+        self._run(*self.pending.popleft())
+        return True
+
+    def run(self, name: Hashable) -> bool:
+        """Run the group held back under ``name``; False when none is (a pass without
+        deferrable layers)."""
+        if name not in self.named:
+            return False
+        self._run(*self.named.pop(name))
         return True
 
     def flush(self) -> None:
         while self.run_oldest():
             pass
+        for name in list(self.named):
+            self.run(name)
+
+    def clear(self) -> None:
+        """Drop what is held (a schedule call that failed)."""
+        self.pending.clear()
+        self.named.clear()
+
+    def _run(self, microbatch: int, group: List[Callable[[], None]]) -> None:
+        span = self.around("W", microbatch) if self.around else contextlib.nullcontext()
+        with span:
+            for weight_gradient in group:
+                weight_gradient()
 
 
 def deferrable(ctx) -> bool:

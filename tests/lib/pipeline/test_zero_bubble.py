@@ -94,7 +94,10 @@ def test_a_timeline_says_idle_share_and_a_w_before_its_b():
     ops = timeline.as_dict()["ops"]
     assert misplaced_weight_gradients(ops) == []
     ops.append({"kind": "W", "microbatch": 1, "start_s": 8.0, "end_s": 9.0})
-    assert misplaced_weight_gradients(ops) == ["W of micro-batch 1 ran before its B"]
+    assert misplaced_weight_gradients(ops) == ["W of micro-batch 1 (chunk 0) ran before its B"]
+    # a V schedule's chunks: micro-batch 0's B of chunk 0 does not count for chunk 1's W
+    ops.append({"kind": "W", "microbatch": 0, "chunk": 1, "start_s": 9.0, "end_s": 9.5})
+    assert misplaced_weight_gradients(ops)[1:] == ["W of micro-batch 0 (chunk 1) ran before its B"]
 
 
 def test_a_held_back_weight_gradient_is_upstreams_bit_for_bit(monkeypatch):
