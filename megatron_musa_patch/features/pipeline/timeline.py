@@ -2,10 +2,12 @@
 share of every stage against the schedule's theoretical bubble.
 
 Each rank appends one JSON line per step to ``DIR/rank<R>.jsonl``: the schedule (``1f1b``,
-``zb-h1``, ``interleaved``), its stage, the micro-batches, and its operations in order (``F``,
-``B``, ``W``, the point-to-point calls) with their start and end (``lib/pipeline/timeline.py``).
+``zb-h1``, ``interleaved``, ``zb-v``, ``dualpipev``), its stage, the micro-batches, and its
+operations in order (``F``, ``B``, ``W``, the point-to-point calls) with their model chunk,
+start and end (``lib/pipeline/timeline.py``).
 Rank 0 prints one line per step: each stage's measured idle share and the bubble the schedule's
-formula gives for that stage's own measured ``F``, ``B`` and ``W``. The clock synchronises the
+formula (1F1B, ZB-H1) or the planner's simulation of its order (the V schedules) gives for that
+stage's own measured ``F``, ``B`` and ``W``. The clock synchronises the
 device at each edge, which costs time: ask for it on the steps you study.
 """
 
@@ -22,6 +24,7 @@ from megatron_musa_patch.core.feature import feature
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.lib.pipeline.run import RUN_KEY, PipelineRun
 from megatron_musa_patch.lib.pipeline.timeline import COMPUTE, Timeline
+from megatron_musa_patch.lib.pipeline.v_shape import SCHEDULES as V_SCHEDULES
 from megatron_musa_patch.lib.pipeline.zero_bubble import theoretical_bubble
 
 # after the zero-bubble schedule: these spans sit inside its wrappers, so the held-back W it
@@ -109,11 +112,12 @@ def _schedule(label, run: PipelineRun, wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     run.timeline = Timeline(_clock())
     run.forwards = run.backwards = 0
-    run.store.around = run.timeline.span
+    run.store.around = lambda kind, microbatch: run.timeline.span(kind, microbatch, run.chunk)
     try:
         result = wrapped(*args, **kwargs)
         run.timeline.close()
-        schedule = "zb-h1" if getattr(config, "enable_zero_bubble", False) else label
+        schedule = ("zb-h1" if getattr(config, "enable_zero_bubble", False)
+                    else getattr(config, "pipeline_v_schedule", None) or label)
         _report(folder, run, schedule, kwargs["num_microbatches"])
         return result
     finally:
@@ -130,7 +134,7 @@ def _span(kind, run: PipelineRun, wrapped, instance, args, kwargs):
         microbatch, run.forwards = run.forwards, run.forwards + 1
     elif kind == "B":
         microbatch, run.backwards = run.backwards, run.backwards + 1
-    with run.timeline.span(kind, microbatch):
+    with run.timeline.span(kind, microbatch, run.chunk):
         return wrapped(*args, **kwargs)
 
 
@@ -166,8 +170,9 @@ def shares_of(record: dict):
 
 def _theory(record: dict, schedule: str):
     """The schedule's bubble for this stage's own median F and B and its mean W per micro-batch
-    (none where W runs inside B); None for the interleaved schedule, which has no formula
-    here."""
+    (none where W runs inside B), every stage taken as this one: the paper's formula for 1F1B
+    and ZB-H1, the planner's simulation of the order for the V schedules; None for the
+    interleaved schedule."""
     if schedule == "interleaved":
         return None
     durations = {kind: [op["end_s"] - op["start_s"] for op in record["ops"] if op["kind"] == kind]
@@ -175,5 +180,12 @@ def _theory(record: dict, schedule: str):
     forward = statistics.median(durations["F"]) if durations["F"] else 0.0
     backward = statistics.median(durations["B"]) if durations["B"] else 0.0
     weight = sum(durations["W"]) / max(len(durations["B"]), 1)
+    if schedule in V_SCHEDULES:
+        from megatron_musa_patch.lib.plan.schedule import simulate_v
+
+        ranks = record["stages"]
+        timeline = simulate_v(schedule, [forward] * ranks, [backward] * ranks, [weight] * ranks,
+                              record["microbatches"])
+        return timeline.bubble(record["stage"])
     return theoretical_bubble(record["stages"], record["microbatches"], forward, backward,
                               weight, schedule)

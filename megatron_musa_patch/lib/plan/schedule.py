@@ -142,3 +142,50 @@ def theoretical_bubble(stages: int, microbatches: int, chunks: int = 1) -> float
     if stages <= 1:
         return 0.0
     return (stages - 1) / (chunks * microbatches + stages - 1)
+
+
+def simulate_v(schedule: str, forward_s: Sequence[float], backward_s: Sequence[float],
+               weight_s: Sequence[float], microbatches: int,
+               transfer_s: float = 0.0) -> Timeline:
+    """A V schedule (``lib/pipeline/v_shape.py``: ``zb-v``, ``dualpipev``) run by ``len(forward_s)``
+    ranks: ``forward_s[r]`` / ``backward_s[r]`` / ``weight_s[r]``: one micro-batch through one
+    model chunk of rank r, its input gradient and its weight gradient. Events are
+    ``(kind, micro-batch, chunk, start, end)``."""
+    from megatron_musa_patch.lib.pipeline import v_shape
+
+    ranks = len(forward_s)
+    plan = v_shape.orders(schedule, ranks, microbatches)
+    length = {"F": forward_s, "I": backward_s, "W": weight_s,
+              "B": [b + w for b, w in zip(backward_s, weight_s)]}
+    done: Dict[Tuple[str, int, int], float] = {}  # (kind, stage, micro-batch) -> end
+    free, busy, nxt = [0.0] * ranks, [0.0] * ranks, [0] * ranks
+    events: Dict[int, List[Tuple[str, int, int, float, float]]] = {r: [] for r in range(ranks)}
+    remaining = sum(len(ops) for ops in plan.values())
+    while remaining:
+        progressed = False
+        for r in range(ranks):
+            while nxt[r] < len(plan[r]):
+                op = plan[r][nxt[r]]
+                need = v_shape.needs(op, ranks)
+                ready = 0.0
+                if need is not None:
+                    kinds, stage, mb = need
+                    ends = [done[(k, stage, mb)] for k in kinds.split("|")
+                            if (k, stage, mb) in done]
+                    if not ends:
+                        break
+                    hop = v_shape.rank_of(stage, ranks) != r
+                    ready = ends[0] + (transfer_s if hop else 0.0)
+                start = max(free[r], ready)
+                free[r] = start + length[op.kind][r]
+                busy[r] += length[op.kind][r]
+                done[(op.kind, op.stage, op.microbatch)] = free[r]
+                events[r].append((op.kind, op.microbatch, v_shape.chunk_of(op.stage, ranks),
+                                  start, free[r]))
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"the {schedule} order deadlocks (a bug in v_shape.order)")
+    return Timeline(makespan=max(free), finish=free, busy=busy, events=events)
+

@@ -66,3 +66,24 @@ def test_zb_h1_as_it_runs_shortens_the_step_within_the_papers_bound(stages, micr
         start = {(kind, mb): begin for kind, mb, _, begin, _ in zb.events[s]}
         assert all(start[("W", m)] >= end[("B", m)] for m in range(microbatches))
         assert zb.bubble(s) >= theoretical_bubble(stages, microbatches, schedule="zb-h1") - 1e-9
+
+
+@pytest.mark.parametrize("name", ["zb-v", "dualpipev"])
+@pytest.mark.parametrize("stages,microbatches", [(4, 8), (8, 16), (8, 32)])
+def test_the_v_schedules_leave_a_fraction_of_zb_h1s_bubble(name, stages, microbatches):
+    """The same model as the 1F1B case above (F = B = W = 1 per stage), split in two chunks per
+    rank: each chunk's passes take half."""
+    ones, halves = [1.0] * stages, [0.5] * stages
+    zb_h1 = schedule.simulate(ones, ones, microbatches, weight_s=ones, zero_bubble=True)
+    v = schedule.simulate_v(name, halves, halves, halves, microbatches)
+    work = 3 * microbatches
+    assert all(busy == pytest.approx(work) for busy in v.busy)
+    # the warm-up of the first forward passes down the V, half a pass per stage: (p-1)/2 idle
+    assert v.makespan == pytest.approx(work + (stages - 1) / 2)
+    assert v.makespan < zb_h1.makespan
+    for rank in range(stages):
+        begun = {(k, mb, c): start for k, mb, c, start, _ in v.events[rank]}
+        ended = {(k, mb, c): end for k, mb, c, _, end in v.events[rank]}
+        for (kind, mb, chunk), start in begun.items():
+            if kind == "W":
+                assert start >= ended[("I", mb, chunk)]
