@@ -120,11 +120,11 @@ def planned(lm_path: str, profile: str, args, extra=(), compiled_as_eager=False)
     return json.loads(text[start:])
 
 
-def measured_memory(lm_path: str, args, storages: bool = False) -> dict:
+def measured_memory(lm_path: str, args, storages: bool = False, nproc: int = 2) -> dict:
     with tempfile.TemporaryDirectory(prefix="mmp-measure-") as out:
         env = dict(os.environ, MEGATRON_LM_PATH=lm_path, MMP_PLAN_MEASURE_DIR=out,
                    MMP_PLAN_MEASURE_STORAGES="1" if storages else "0")
-        done = mmp("run", "--standalone", "--nproc-per-node", "2",
+        done = mmp("run", "--standalone", "--nproc-per-node", str(nproc),
                    os.path.join(HERE, "plan_measure_rank.py"),
                    lm_script(lm_path), *args, "--train-iters", "5", env=env)
         if done.returncode != 0:
