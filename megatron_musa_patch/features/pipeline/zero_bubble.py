@@ -4,9 +4,8 @@ schedule on megatron-core's own 1F1B (``lib/pipeline/zero_bubble.py``).
 The records wrap what megatron-core's non-interleaved schedule calls: the schedule itself (one
 ZB-H1 decision object per training call, from the model's TransformerConfig), ``backward_step``
 (the ``W`` of a backward pass held back), the point-to-point calls that send an input gradient
-(then the older held ``W`` runs) and ``recv_backward`` (the cool-down's wait, where a held ``W``
-runs), ``finish_embedding_wgrad_compute`` (every held ``W`` before the gradients are reduced)
-and the linear layers' backward (``B`` without ``W``).
+(then the held ``W`` runs), ``finish_embedding_wgrad_compute`` (anything still held before the
+gradients are reduced) and the linear layers' backward (``B`` without ``W``).
 """
 
 from __future__ import annotations
@@ -40,12 +39,10 @@ def mmp_register_patches(session, registry):
         "--enable-zero-bubble: ZB-H1's decisions for the call; every held W before it returns")
     add("backward_step", SCHEDULES + "backward_step", _backward_step,
         "--enable-zero-bubble: a backward pass's weight gradients held back for a later slot")
-    add("cooldown_wait", P2P + "recv_backward", _before_gradient_wait,
-        "--enable-zero-bubble: a held weight gradient runs where 1F1B waits in its cool-down")
     for call in ("send_backward", "send_backward_recv_forward"):
         add(f"after_{call}", P2P + call, _after_gradient_sent,
-            "--enable-zero-bubble: the older held weight gradient runs once the input "
-            "gradient is sent")
+            "--enable-zero-bubble: the held weight gradient runs once the input gradient is "
+            "sent")
     add("before_reduce", SCHEDULES + "finish_embedding_wgrad_compute", _before_reduce,
         "--enable-zero-bubble: every held weight gradient before the gradients are reduced")
     add("linear_backward", LINEAR + "backward", _linear_backward,
@@ -56,9 +53,9 @@ def mmp_register_patches(session, registry):
 def mmp_add_arguments(parser):
     group = parser.add_argument_group(title="zero-bubble pipeline (megatron_musa_patch)")
     group.add_argument("--enable-zero-bubble", action="store_true",
-                       help="ZB-H1 schedule: each backward pass's weight-gradient GEMMs are held "
-                            "back and run in the slots 1F1B leaves idle in its cool-down "
-                            "(their inputs kept until then). Needs pipeline parallelism "
+                       help="ZB-H1 schedule: each backward pass's weight-gradient GEMMs run "
+                            "after its input gradient is sent, so gradients travel up the "
+                            "pipeline sooner; 1F1B's peak memory. Needs pipeline parallelism "
                             "without virtual stages and --gradient-accumulation-fusion. "
                             "MT-Megatron's ENABLE_ZERO_BUBBLE=1 sets it.")
     return parser
@@ -143,12 +140,6 @@ def _backward_step(run: PipelineRun, wrapped, instance, args, kwargs):
     if run.zero_bubble is None:
         return wrapped(*args, **kwargs)
     return run.zero_bubble.backward(lambda: wrapped(*args, **kwargs))
-
-
-def _before_gradient_wait(run: PipelineRun, wrapped, instance, args, kwargs):
-    if run.zero_bubble is not None:
-        run.zero_bubble.before_gradient_wait()
-    return wrapped(*args, **kwargs)
 
 
 def _after_gradient_sent(run: PipelineRun, wrapped, instance, args, kwargs):

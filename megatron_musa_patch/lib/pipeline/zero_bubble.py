@@ -5,22 +5,19 @@ computed its weight gradients, and each stage of the cool-down waits for the nex
 nothing to do. ZB-H1 splits the backward pass into ``B`` (the input gradient, which the previous
 stage waits for) and ``W`` (the weight gradient, which nothing waits for until the step ends):
 
-* each stage holds back its last backward pass's ``W`` (``HELD``): after each ``B`` the input
-  gradient is sent first, and only then does the ``W`` of the pass before run, so gradients
-  travel up the pipeline at ``B``'s pace;
-* in the cool-down, before each wait for an output gradient, the held ``W`` runs: the slot 1F1B
-  leaves idle;
-* what is still held runs before the gradients are reduced (``finish``), or, when the
-  data-parallel buckets reduce during the last backward pass (``--overlap-grad-reduce``),
-  before that pass (its ``W`` is not held).
+* after each ``B`` its input gradient is sent first, and only then does its ``W`` run, so
+  gradients travel up the pipeline at ``B``'s pace while a stage computes weight gradients;
+* nothing is held past the next forward pass, so the peak of memory, set by the forward passes
+  in flight, stays 1F1B's (holding each ``W`` one pass longer gains one pass of the bubble and
+  costs one pass's linear inputs and output gradients at the peak);
+* when the data-parallel buckets reduce during the last backward pass
+  (``--overlap-grad-reduce``), that pass computes its ``W`` inside it.
 
 The placement is this schedule's, within megatron-core's own calls (its 1F1B order and its
 combined send-receive calls, unchanged), so it removes less of 1F1B's idle time than the paper's
-handcrafted ZB-H1 (two thirds of it with equal F, B and W); the planner simulates it
-(``lib/plan/schedule.py``) and docs/features/pipeline.md says how much. Memory: the forward
-passes in flight are 1F1B's; each held ``W`` keeps its linear layers' inputs and output
-gradients for one more backward pass. ``ZeroBubbleH1`` is told of
-each backward pass, each gradient sent and each cool-down wait
+handcrafted ZB-H1 (a third of it with equal F, B and W, where the paper's removes two thirds);
+the planner simulates it (``lib/plan/schedule.py``) and docs/features/pipeline.md says how much.
+``ZeroBubbleH1`` is told of each backward pass and each gradient sent
 (``features/pipeline/zero_bubble.py`` wraps those calls).
 """
 
@@ -29,22 +26,18 @@ from __future__ import annotations
 from .weight_gradients import WeightGradients
 
 
-#: backward passes whose ``W`` a stage holds back: the last one, until its gradient is sent
-HELD = 1
-
-
 class ZeroBubbleH1:
     """One schedule call's ZB-H1 decisions (the same on every stage)."""
 
     def __init__(self, store: WeightGradients, microbatches: int, reduce_in_last_backward: bool):
         self.store = store
-        self.held = min(HELD, microbatches)
         self.microbatches = microbatches
         self.reduce_in_last_backward = reduce_in_last_backward
         self.backwards = 0
 
     def backward(self, run_backward):
-        """One backward pass (``run_backward()``), its ``W`` held back."""
+        """One backward pass (``run_backward()``), its ``W`` held back until its gradient is
+        sent."""
         microbatch = self.backwards
         self.backwards += 1
         if microbatch == self.microbatches - 1 and self.reduce_in_last_backward:
@@ -54,13 +47,8 @@ class ZeroBubbleH1:
             return run_backward()
 
     def after_gradient_sent(self) -> None:
-        """The input gradient of the last ``B`` is on its way: the older ``W`` runs now."""
-        while len(self.store.pending) > self.held:
-            self.store.run_oldest()
-
-    def before_gradient_wait(self) -> None:
-        """The cool-down's wait for the next output gradient: the slot 1F1B leaves idle."""
-        self.store.run_oldest()
+        """The input gradient of the last ``B`` is on its way: its ``W`` runs now."""
+        self.store.flush()
 
     def finish(self) -> None:
         """Before the gradients are reduced: every held-back ``W``."""

@@ -65,8 +65,6 @@ def zero_bubble_order(stage: int, stages: int, microbatches: int) -> List[Op]:
         if kind == "F":
             ops.append(("F", mb, 0))
             continue
-        if mb >= microbatches - min(stages - stage - 1, microbatches):
-            decisions.before_gradient_wait()  # the cool-down waits for each gradient
         decisions.backward(backward)
         decisions.after_gradient_sent()  # B's gradient leaves when B ends (simulate's rule)
     decisions.finish()

@@ -116,12 +116,12 @@ def test_the_timeline_shows_w_in_the_slots_1f1b_leaves_idle(runs, tmp_path):
             backwards = [op["microbatch"] for op in ops if op["kind"] == "B"]
             weights = [op["microbatch"] for op in ops if op["kind"] == "W"]
             assert backwards == list(range(8))
-            # every stage holds back each pass's W until the next pass's gradient is sent
+            # each W runs after its own pass, oldest first
             assert weights == list(range(8))
-            # each B's input gradient is sent before any held W runs
+            # each B's input gradient is sent before its W runs
             after_b = [ops[i + 1]["kind"] for i, op in enumerate(ops) if op["kind"] == "B"]
             assert all(kind.startswith("send_backward") for kind in after_b), after_b
-            # in the cool-down a held W runs before each wait for a gradient
+            # in the cool-down the last pass's W runs before each wait for a gradient
             waits = [i for i, op in enumerate(ops) if op["kind"] == "recv_backward"]
             assert len(waits) == 3 - rank
             assert all(ops[i - 1]["kind"] == "W" for i in waits)
