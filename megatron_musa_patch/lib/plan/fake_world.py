@@ -16,9 +16,10 @@ with why it is needed (``RECORDS``; run on torch 2.11 and 2.15 with megatron-cor
   cannot be made on a fake store);
 * ``Module._apply`` moves fake parameters with ``.data =``: torch swaps a fake parameter's
   tensor instead, which fails once the fake mode holds a weak reference to it;
-* ``scaled_dot_product_attention`` (the layer's flash attention) runs without dropout: the
-  planned devices' flash kernels drop in-kernel and store nothing of sequence x sequence, but
-  on the planning CPU a dropout sends SDPA to its math path, which stores the fp32 scores.
+* ``scaled_dot_product_attention`` (the layer's flash attention) runs without dropout, and with
+  values narrower than the queries (MLA) padded to their width: the planned devices' flash
+  kernels drop in-kernel and store nothing of sequence x sequence, but on the planning CPU a
+  dropout, or unequal widths, send SDPA to its math path, which stores the fp32 scores.
 """
 
 from __future__ import annotations
@@ -302,7 +303,21 @@ def _without_dropout(sdpa):
         if len(args) > 4:
             args = (*args[:4], 0.0, *args[5:])
         kwargs.pop("dropout_p", None)
-        return sdpa(*args, **kwargs)
+        given = dict(zip(("query", "key", "value"), args[:3]))
+        given.update({n: kwargs[n] for n in ("query", "value") if n in kwargs})
+        query, value = given.get("query"), given.get("value")
+        if value is None or query is None or value.shape[-1] >= query.shape[-1]:
+            return sdpa(*args, **kwargs)
+        # MLA: values narrower than queries (128 against 192); the CPU's flash kernel wants them
+        # equal and would fall back to its math path. Padded, it plans the flash kernel a device
+        # runs, its products and stored output counted at the query's width.
+        width = value.shape[-1]
+        padded = torch.nn.functional.pad(value, (0, query.shape[-1] - width))
+        if len(args) >= 3:
+            args = (*args[:2], padded, *args[3:])
+        else:
+            kwargs["value"] = padded
+        return sdpa(*args, **kwargs)[..., :width]
 
     return flash_like
 

@@ -171,6 +171,36 @@ def test_the_planned_flash_attention_stores_no_scores_even_with_dropout():
         assert peak() < scores // 8
 
 
+def test_the_planned_flash_attention_of_mla_stores_no_scores_and_keeps_the_values_width():
+    # MLA's values are narrower than its queries (128 against 192): the CPU's flash kernel
+    # wants them equal, and SDPA's math path would store the scores
+    from megatron_musa_patch.lib.plan import fake_world
+
+    def planned():
+        tracker = Tracker()
+        with FakeTensorMode():
+            q = torch.empty(1, 4, 1024, 192, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.empty(1, 4, 1024, 128, dtype=torch.bfloat16, requires_grad=True)
+            with tracker:
+                out = torch.nn.functional.scaled_dot_product_attention(q, q, value=v,
+                                                                       is_causal=True)
+        return tracker.peak, out.shape
+
+    scores = 4 * 1024 * 1024 * 4
+    peak, _ = planned()
+    assert peak >= scores  # torch's own choice on the CPU: the math path
+    with fake_world.applied(fake_world.Recorder()):
+        peak, shape = planned()
+    # the padded values and the padded output (1.5 MB each), no scores (16 MB)
+    assert peak < scores // 4 and shape == (1, 4, 1024, 128)
+    # the values the padded call gives are the math path's
+    q, k, v = (torch.randn(1, 2, 16, d) for d in (24, 24, 16))
+    with fake_world.applied(fake_world.Recorder()):
+        flash = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(flash, torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True))
+
+
 def test_the_planned_flash_attention_counts_its_products_on_every_torch():
     # torch 2.11's FLOP table has no formula for the CPU's flash kernel (2.15 has one): priced by
     # its bytes alone, the attention of a long sequence would cost next to nothing
