@@ -109,6 +109,14 @@ TORCHADA_FORCE_ENV = "TORCHADA_FORCE_CUDA_AVAILABLE"
 FOREIGN_ENV_NAMES = (TORCHADA_PLATFORM_ENV, TORCHADA_FORCE_ENV)
 
 
+#: what turns an MT-Megatron switch off (an empty value too)
+OFF = ("", "0", "false", "no", "off")
+
+
+def switched_on(value: str) -> bool:
+    return value.strip().lower() not in OFF
+
+
 def _list(text: str) -> Tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -143,6 +151,10 @@ class Settings:
     log: str = "brief"
     #: MEGATRON_MUSA_PATCH_ARGS_CHECK
     args_check: bool = True
+
+    def mt_switch_on(self, name: str) -> bool:
+        """Whether the MT-Megatron switch ``name`` is set to something other than off."""
+        return switched_on(dict(self.mt_env).get(name, ""))
 
     def changed(self) -> dict:
         """The variables whose value differs from the default (``mmp doctor``)."""

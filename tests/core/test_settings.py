@@ -113,3 +113,14 @@ def test_unknown_names_are_refused_with_the_known_ones():
         decide(FEATURES, [], ["zzz"])
     with pytest.raises(SettingsError, match="ONLY names an unknown feature"):
         decide(FEATURES, [], ["fused"])
+
+
+def test_an_mt_switch_is_on_unless_empty_or_an_off_word():
+    from megatron_musa_patch.core.settings import Settings, switched_on
+
+    assert [switched_on(v) for v in ("1", "true", " ON ", "yes", "2")] == [True] * 5
+    assert [switched_on(v) for v in ("", " ", "0", "false", "No", "off")] == [False] * 6
+    settings = Settings(mt_env=(("ENABLE_ZERO_BUBBLE", "1"), ("USE_EPX", "0")))
+    assert settings.mt_switch_on("ENABLE_ZERO_BUBBLE") is True
+    assert settings.mt_switch_on("USE_EPX") is False
+    assert settings.mt_switch_on("ENABLE_PROFILER") is False  # not set

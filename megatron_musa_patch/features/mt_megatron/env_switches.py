@@ -16,12 +16,12 @@ from typing import List, Optional
 
 from megatron_musa_patch.core.hookspecs import hookimpl
 from megatron_musa_patch.core.feature import feature
+from megatron_musa_patch.core.settings import switched_on
 
 FEATURE = feature(
     __name__,
     "MT-Megatron's environment switches: honoured, or named in one start-up warning")
 
-_OFF = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +33,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{self.name}={self.value}: {self.text}"
-
-
-def _on(value: str) -> bool:
-    return value.strip().lower() not in _OFF
 
 
 #: name -> (what MT does with it, what to use here instead) for switches the layer lacks
@@ -88,7 +84,7 @@ def verdicts(settings, args=None, device: Optional[str] = None,
     ``max_restarts``: torchrun's, when the process runs under it)."""
     found = []
     for name, value in settings.mt_env:
-        on = _on(value)
+        on = switched_on(value)
         if name == "USE_EPX" and on and max_restarts and (
                 args is None or getattr(args, "hang_timeout", 0)):
             found.append(Verdict(name, value, True,

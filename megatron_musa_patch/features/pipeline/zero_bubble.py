@@ -63,7 +63,7 @@ def mmp_add_arguments(parser):
 
 @hookimpl
 def mmp_validate_args(args, session):
-    switch = _on(dict(session.settings.mt_env).get(MT_SWITCH, ""))
+    switch = session.settings.mt_switch_on(MT_SWITCH)
     if switch and not getattr(args, "enable_zero_bubble", False):
         if args.pipeline_model_parallel_size < 2:  # MT's scripts set it whatever the layout
             said = session.state_for(f"{FEATURE.name}.said", set)
@@ -106,10 +106,6 @@ def refusal(args, given: str = "--enable-zero-bubble"):
 @hookimpl
 def mmp_transformer_config(args, config):
     config.enable_zero_bubble = bool(getattr(args, "enable_zero_bubble", False))
-
-
-def _on(value: str) -> bool:
-    return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 # ----------------------------------------------------------------------------- the records
