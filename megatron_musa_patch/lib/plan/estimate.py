@@ -116,6 +116,6 @@ def estimate(results: List[dict], device: Profile, nodes: int, nproc_per_node: i
     return Estimate(device=device, world_size=first["world_size"], nodes=nodes,
                     nproc_per_node=nproc_per_node, layout=layout, ranks=ranks,
                     step_time_s=step, tokens_per_s=tokens / step if step else 0.0, mfu=mfu,
-                    theoretical_bubble=schedule.theoretical_bubble(first["pp"], microbatches,
-                                                                   chunks),
+                    theoretical_bubble=schedule.equal_stages_bubble(first["pp"], microbatches,
+                                                                    chunks),
                     parts_s=parts, flags=flags)

@@ -135,7 +135,7 @@ def simulate(forward_s: Sequence[float], backward_s: Sequence[float], microbatch
     return Timeline(makespan=max(free) if free else 0.0, finish=free, busy=busy, events=events)
 
 
-def theoretical_bubble(stages: int, microbatches: int, chunks: int = 1) -> float:
+def equal_stages_bubble(stages: int, microbatches: int, chunks: int = 1) -> float:
     """(p-1) / (v*m + p-1): 1F1B's idle share with equal stages and free transfers."""
     if stages <= 1:
         return 0.0

@@ -10,7 +10,7 @@ from megatron_musa_patch.lib.plan import schedule
 def test_equal_stages_leave_the_theoretical_bubble(stages, microbatches, chunks):
     # one micro-batch through a chunk: forward 1, backward 2 (each divided by the chunks)
     t = schedule.simulate([1.0 / chunks] * stages, [2.0 / chunks] * stages, microbatches, chunks)
-    expected = schedule.theoretical_bubble(stages, microbatches, chunks)
+    expected = schedule.equal_stages_bubble(stages, microbatches, chunks)
     for s in range(stages):
         assert t.bubble(s) == pytest.approx(expected, abs=1e-9)
     assert t.makespan == pytest.approx(3.0 * microbatches + 3.0 * (stages - 1) / chunks)
