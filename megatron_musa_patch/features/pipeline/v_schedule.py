@@ -122,9 +122,7 @@ def refusal(args):
         return (f"{given}: --enable-zero-bubble is ZB-H1, the non-interleaved schedule's "
                 f"variant; the V schedules are zero-bubble already: drop one of the two.")
     if not getattr(args, "gradient_accumulation_fusion", False):
-        return (f"{given}: the weight gradients held back are added into the parameters' "
-                f"main_grad, which is --gradient-accumulation-fusion: drop "
-                f"--no-gradient-accumulation-fusion.")
+        return weight_gradients.without_fusion(given)
     unsupported = [
         ("--mtp-num-layers", getattr(args, "mtp_num_layers", None)),
         ("--decoder-first-pipeline-num-layers",

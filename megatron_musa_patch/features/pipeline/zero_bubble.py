@@ -94,9 +94,7 @@ def refusal(args, given: str = "--enable-zero-bubble"):
                 f"--num-layers-per-virtual-pipeline-stage / "
                 f"--virtual-pipeline-model-parallel-size, or the switch.")
     if not getattr(args, "gradient_accumulation_fusion", False):
-        return (f"{given}: the weight gradients held back are added into the parameters' "
-                f"main_grad, which is --gradient-accumulation-fusion: drop "
-                f"--no-gradient-accumulation-fusion.")
+        return weight_gradients.without_fusion(given)
     if getattr(args, "use_megatron_fsdp", False) or getattr(args, "use_custom_fsdp", False):
         return (f"{given}: Megatron-FSDP builds each main_grad in place during the backward "
                 f"pass, so its weight gradients cannot be held back: drop one of the two.")

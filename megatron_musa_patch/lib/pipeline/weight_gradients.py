@@ -91,6 +91,14 @@ class WeightGradients:
                 weight_gradient()
 
 
+def without_fusion(given: str) -> str:
+    """The refusal of a schedule that holds weight gradients back (``given``: its flag) when
+    ``--no-gradient-accumulation-fusion`` leaves no ``main_grad`` to add them into."""
+    return (f"{given}: the weight gradients held back are added into the parameters' "
+            f"main_grad, which is --gradient-accumulation-fusion: drop "
+            f"--no-gradient-accumulation-fusion.")
+
+
 def deferrable(ctx) -> bool:
     """Whether upstream's linear backward can hand its ``W`` over for this call."""
     if not getattr(ctx, "gradient_accumulation_fusion", False):
